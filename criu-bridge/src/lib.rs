@@ -1,0 +1,1 @@
+//! criu-bridge: see README.md.

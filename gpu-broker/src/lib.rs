@@ -1,0 +1,1 @@
+//! gpu-broker: see README.md.

@@ -1,0 +1,1 @@
+//! End-to-end test harness: a private containerd, local images, and the scenario suites.

@@ -1,0 +1,1 @@
+//! scheduler: see README.md.

@@ -1,0 +1,1 @@
+//! The Belayer containerd shim v2.
