@@ -1,0 +1,185 @@
+//! Thin safe wrappers over the few Linux calls std does not offer: xattrs, mknod, timestamps,
+//! mounts, `renameat2`, `statx` birth time, `flock` and sparse-file seeks.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+
+fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+fn cstr(s: &OsStr) -> io::Result<CString> {
+    CString::new(s.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+fn check(ret: libc::c_int) -> io::Result<()> {
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Names of the extended attributes of `path` (not following symlinks).
+pub fn llistxattr(path: &Path) -> io::Result<Vec<OsString>> {
+    let p = cpath(path)?;
+    let mut buf = vec![0u8; 1024];
+    loop {
+        // SAFETY: `p` is a valid NUL-terminated string and `buf` is a writable buffer of the
+        // length passed.
+        let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            buf.truncate(n as usize);
+            break;
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ERANGE) => buf.resize(buf.len() * 4, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(err),
+        }
+    }
+    Ok(buf
+        .split(|b| *b == 0)
+        .filter(|s| !s.is_empty())
+        .map(|s| OsString::from_vec(s.to_vec()))
+        .collect())
+}
+
+/// The value of extended attribute `name` of `path`, `None` if it is absent.
+pub fn lgetxattr(path: &Path, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
+    let p = cpath(path)?;
+    let n = cstr(name)?;
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: both strings are NUL-terminated and `buf` is writable for `buf.len()` bytes.
+        let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if r >= 0 {
+            buf.truncate(r as usize);
+            return Ok(Some(buf));
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ERANGE) => buf.resize(buf.len() * 16, 0),
+            Some(libc::ENODATA) | Some(libc::ENOTSUP) => return Ok(None),
+            _ => return Err(err),
+        }
+    }
+}
+
+/// Sets extended attribute `name` of `path` (not following symlinks).
+pub fn lsetxattr(path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()> {
+    let p = cpath(path)?;
+    let n = cstr(name)?;
+    // SAFETY: both strings are NUL-terminated and `value` is readable for its length.
+    check(unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) })
+}
+
+/// Creates a special file (fifo, socket, char or block device) with `mode` (type and permission
+/// bits) and device number `rdev`.
+pub fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
+    let p = cpath(path)?;
+    // SAFETY: `p` is NUL-terminated; mknod does not retain it.
+    check(unsafe { libc::mknod(p.as_ptr(), mode as libc::mode_t, rdev as libc::dev_t) })
+}
+
+/// Sets the modification (and access) time of `path` without following symlinks.
+pub fn set_times(path: &Path, atime: (i64, i64), mtime: (i64, i64)) -> io::Result<()> {
+    let p = cpath(path)?;
+    let ts = [
+        libc::timespec { tv_sec: atime.0, tv_nsec: atime.1 },
+        libc::timespec { tv_sec: mtime.0, tv_nsec: mtime.1 },
+    ];
+    // SAFETY: `p` is NUL-terminated and `ts` is an array of two valid timespecs.
+    check(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
+}
+
+/// Mounts an overlay filesystem at `target` with the given option string.
+pub fn mount_overlay(target: &Path, options: &str) -> io::Result<()> {
+    let t = cpath(target)?;
+    let data = CString::new(options).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let fstype = c"overlay";
+    // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
+    check(unsafe { libc::mount(fstype.as_ptr(), t.as_ptr(), fstype.as_ptr(), 0, data.as_ptr().cast()) })
+}
+
+/// Unmounts `target`; `detach` makes it lazy (MNT_DETACH).
+pub fn umount(target: &Path, detach: bool) -> io::Result<()> {
+    let t = cpath(target)?;
+    let flags = if detach { libc::MNT_DETACH } else { 0 };
+    // SAFETY: `t` is NUL-terminated.
+    check(unsafe { libc::umount2(t.as_ptr(), flags) })
+}
+
+/// Atomically exchanges two paths (`renameat2(RENAME_EXCHANGE)`).
+pub fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
+    let pa = cpath(a)?;
+    let pb = cpath(b)?;
+    // SAFETY: both strings are NUL-terminated; the raw syscall takes no other pointers.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_renameat2,
+            libc::AT_FDCWD,
+            pa.as_ptr(),
+            libc::AT_FDCWD,
+            pb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+/// Birth time of `path` as (seconds, nanoseconds), `None` if the filesystem does not record it.
+pub fn birth_time(path: &Path) -> io::Result<Option<(i64, u32)>> {
+    let p = cpath(path)?;
+    // SAFETY: statx is plain old data; all-zero is a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is NUL-terminated and `stx` is a valid writable statx buffer.
+    check(unsafe {
+        libc::statx(libc::AT_FDCWD, p.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, libc::STATX_BTIME, &mut stx)
+    })?;
+    if stx.stx_mask & libc::STATX_BTIME != 0 {
+        Ok(Some((stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec)))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Takes an exclusive non-blocking `flock` on `file`; `Ok(false)` if someone else holds it.
+pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
+    // SAFETY: the fd is owned by `file` and valid for the duration of the call.
+    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) { Ok(false) } else { Err(err) }
+}
+
+/// `lseek(fd, offset, whence)` for SEEK_DATA / SEEK_HOLE; `Ok(None)` on ENXIO (no more data).
+pub fn seek_data_hole(file: &File, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
+    // SAFETY: the fd is owned by `file`; lseek has no memory effects.
+    let r = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, whence) };
+    if r >= 0 {
+        return Ok(Some(r as u64));
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::ENXIO) { Ok(None) } else { Err(err) }
+}
+
+/// Flushes a directory's entries to disk.
+pub fn fsync_dir(path: &Path) -> io::Result<()> {
+    File::open(path)?.sync_all()
+}
+
+/// The system page size (the limit of legacy `mount(2)` option strings).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory effects.
+    let r = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if r > 0 { r as usize } else { 4096 }
+}
+
+/// Is `err` "no space left on device" (or quota exceeded)?
+pub fn is_disk_full(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
