@@ -1,1 +1,11 @@
-//! gpu-broker: see README.md.
+//! gpu-broker: a broker that owns model weights, a paged KV arena and a token log so that rollout
+//! workers can die and a pre-started shadow takes over. See README.md for the protocol.
+
+pub mod backend;
+pub mod broker;
+pub mod checksum;
+pub mod client;
+pub mod mapping;
+pub mod pidfd;
+pub mod seqpacket;
+pub mod wire;

@@ -1,0 +1,79 @@
+//! `belayer-gpu-broker`: the broker daemon (a thin adapter over `gpu_broker::broker`).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use gpu_broker::broker::{Broker, ChecksumPolicy, Config, serve};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_term(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+const USAGE: &str = "usage: belayer-gpu-broker --socket PATH [--backend host|cuda] [--lease-ms N] \
+[--kv-mib N] [--no-seal-weights] [--checksum always|unsealed]";
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BELAYER_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let mut socket = None;
+    let mut backend = String::from("host");
+    let mut lease_ms = 10_000u64;
+    let mut kv_mib = 2048u64;
+    let mut seal = true;
+    let mut checksum = ChecksumPolicy::Unsealed;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().with_context(|| format!("{a} needs a value\n{USAGE}"));
+        match a.as_str() {
+            "--socket" => socket = Some(PathBuf::from(val()?)),
+            "--backend" => backend = val()?,
+            "--lease-ms" => lease_ms = val()?.parse().context("--lease-ms")?,
+            "--kv-mib" => kv_mib = val()?.parse().context("--kv-mib")?,
+            "--no-seal-weights" => seal = false,
+            "--checksum" => {
+                checksum = match val()?.as_str() {
+                    "always" => ChecksumPolicy::Always,
+                    "unsealed" => ChecksumPolicy::Unsealed,
+                    v => bail!("--checksum {v}: expected always or unsealed"),
+                }
+            }
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            _ => bail!("unknown argument {a}\n{USAGE}"),
+        }
+    }
+    let socket = socket.context(USAGE)?;
+    let mut cfg = Config::new(socket);
+    cfg.lease = Duration::from_millis(lease_ms);
+    cfg.kv_bytes = kv_mib << 20;
+    cfg.seal_weights = seal;
+    cfg.checksum = checksum;
+    let backend: Box<dyn gpu_broker::backend::Backend> = match backend.as_str() {
+        "host" => Box::new(gpu_broker::backend::host::HostBackend),
+        #[cfg(feature = "cuda")]
+        "cuda" => Box::new(
+            gpu_broker::backend::cuda::CudaBackend::new(0).context("initialising the CUDA backend")?,
+        ),
+        b => bail!("backend {b} is not available in this build"),
+    };
+    let handler = on_term as extern "C" fn(libc::c_int);
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: installs a handler that only stores to an atomic (async-signal-safe).
+        unsafe { libc::signal(sig, handler as libc::sighandler_t) };
+    }
+    let broker = Broker::new(cfg, backend);
+    println!("instance {:016x}", broker.instance());
+    serve(broker, &|| STOP.load(Ordering::SeqCst)).context("broker failed")?;
+    Ok(())
+}
