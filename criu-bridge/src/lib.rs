@@ -5,3 +5,4 @@
 pub mod layer;
 mod sys;
 pub mod tree;
+pub mod criu;

@@ -1,0 +1,102 @@
+//! The CRIU version gate: older CRIUs fail on sockets on this kernel (criu#2705), so Belayer
+//! refuses to run with anything below 4.2.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A CRIU release number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct CriuVersion {
+    /// Major.
+    pub major: u32,
+    /// Minor.
+    pub minor: u32,
+    /// Patch (sublevel), 0 when absent.
+    pub patch: u32,
+}
+
+impl fmt::Display for CriuVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
+}
+
+/// The oldest CRIU that dumps TCP/UDP sockets on this kernel.
+pub const MIN_CRIU_VERSION: CriuVersion = CriuVersion { major: 4, minor: 2, patch: 0 };
+
+/// Why the CRIU gate refused.
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    /// The binary could not be run.
+    #[error("cannot run {binary} --version; install CRIU >= {MIN_CRIU_VERSION} (DESIGN.md §7)")]
+    NotRunnable {
+        /// The CRIU binary.
+        binary: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `criu --version` printed something unexpected.
+    #[error("cannot read a version from `{binary} --version` output: {output:?}")]
+    Unparsable {
+        /// The CRIU binary.
+        binary: PathBuf,
+        /// What it printed.
+        output: String,
+    },
+    /// CRIU is too old.
+    #[error("CRIU {found} at {binary} is too old: Belayer needs >= {MIN_CRIU_VERSION} (older ones fail to dump sockets on this kernel)")]
+    TooOld {
+        /// The CRIU binary.
+        binary: PathBuf,
+        /// Its version.
+        found: CriuVersion,
+    },
+}
+
+/// Reads the version out of `criu --version` output ("Version: 4.2.1", maybe a "GitID:" line).
+pub fn parse_version(output: &str) -> Option<CriuVersion> {
+    let line = output.lines().find_map(|l| l.trim().strip_prefix("Version:"))?;
+    let mut parts = line.trim().split(['.', '-', ' ']).map(|p| p.parse::<u32>());
+    let major = parts.next()?.ok()?;
+    let minor = parts.next().and_then(Result::ok).unwrap_or(0);
+    let patch = parts.next().and_then(Result::ok).unwrap_or(0);
+    Some(CriuVersion { major, minor, patch })
+}
+
+/// Runs `criu --version` and checks it is at least [`MIN_CRIU_VERSION`].
+pub fn check_criu(binary: &Path) -> Result<CriuVersion, VersionError> {
+    let out = Command::new(binary)
+        .arg("--version")
+        .output()
+        .map_err(|source| VersionError::NotRunnable { binary: binary.into(), source })?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let found = parse_version(&text).ok_or_else(|| VersionError::Unparsable { binary: binary.into(), output: text })?;
+    if found < MIN_CRIU_VERSION {
+        return Err(VersionError::TooOld { binary: binary.into(), found });
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_release_and_git_builds() {
+        let v = parse_version("Version: 4.2.1\n").unwrap();
+        assert_eq!(v, CriuVersion { major: 4, minor: 2, patch: 1 });
+        let v = parse_version("Version: 3.17\nGitID: v3.17-1-gabc\n").unwrap();
+        assert_eq!(v, CriuVersion { major: 3, minor: 17, patch: 0 });
+        assert!(v < MIN_CRIU_VERSION);
+        assert!(parse_version("criu: unknown option").is_none());
+    }
+
+    #[test]
+    fn too_old_names_the_installed_version() {
+        let e = VersionError::TooOld { binary: "/usr/sbin/criu".into(), found: parse_version("Version: 4.1.1").unwrap() };
+        let msg = e.to_string();
+        assert!(msg.contains("4.1.1") && msg.contains(">= 4.2.0"), "{msg}");
+    }
+}
