@@ -69,6 +69,6 @@ mod tests {
         assert_eq!(p.take(6).unwrap(), vec![(0, 4), (7, 2)]);
         assert!(p.take(2).is_none());
         p.give_back(&b);
-        assert_eq!(p.free_count(), 3);
+        assert_eq!(p.free_count(), 4);
     }
 }
