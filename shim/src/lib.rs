@@ -1,1 +1,12 @@
-//! The Belayer containerd shim v2.
+//! The Belayer containerd shim v2 (`io.containerd.belayer.v1`): runs sandbox containers through
+//! runc and serves containerd's task API.
+
+pub mod cgroup;
+pub mod container;
+pub mod error;
+pub mod process;
+pub mod reaper;
+pub mod runc;
+pub mod service;
+pub mod stdio;
+pub mod task;

@@ -1,0 +1,287 @@
+//! A process's standard streams: containerd hands the shim FIFO paths; the shim gives the process
+//! pipes (or a terminal) and copies between the two, so that it can close stdin on request and
+//! knows when all output has been delivered.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result, io};
+use crate::runc::ProcessStdio;
+
+/// Where containerd wants a process's streams to go.
+#[derive(Clone, Debug, Default)]
+pub struct StdioPaths {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+}
+
+/// The shim's side of a running process's streams.
+#[derive(Default)]
+pub struct ProcessIo {
+    /// Writes to the process's stdin; taken (closed) by `close_stdin`.
+    stdin: Arc<Mutex<Option<File>>>,
+    /// The terminal's master side, for resizing.
+    console: Option<Arc<File>>,
+    /// One receiver per output copier; each fires when its stream hit EOF.
+    drained: Vec<oneshot::Receiver<()>>,
+}
+
+static SOCKETS: AtomicU64 = AtomicU64::new(0);
+
+/// A listening socket on which runc sends the terminal's master fd (`--console-socket`).
+pub struct ConsoleSocket {
+    pub path: PathBuf,
+    listener: UnixListener,
+}
+
+impl ConsoleSocket {
+    pub fn new() -> Result<Self> {
+        let path = std::env::temp_dir().join(format!(
+            "belayer-pty-{}-{}.sock",
+            std::process::id(),
+            SOCKETS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(io("bind console socket"))?;
+        Ok(Self { path, listener })
+    }
+
+    /// Receives the master fd runc sent. Call after runc returned successfully.
+    fn receive(&self) -> Result<File> {
+        use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+        self.listener
+            .set_nonblocking(true)
+            .map_err(io("console socket"))?;
+        let mut tries = 0;
+        let stream = loop {
+            match self.listener.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(io("accept on console socket")(e)),
+            }
+        };
+        stream
+            .set_nonblocking(false)
+            .map_err(io("console socket"))?;
+        let mut name = [0u8; 4096];
+        let mut iov = [std::io::IoSliceMut::new(&mut name)];
+        let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+        let msg = recvmsg::<()>(
+            stream.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::empty(),
+        )
+        .map_err(|e| io("receive terminal from runc")(e.into()))?;
+        for cmsg in msg
+            .cmsgs()
+            .map_err(|e| io("receive terminal from runc")(e.into()))?
+        {
+            if let ControlMessageOwned::ScmRights(fds) = cmsg
+                && let Some(&fd) = fds.first()
+            {
+                // SAFETY: the kernel just installed `fd` in our table for this message; nothing
+                // else owns it.
+                return Ok(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+            }
+        }
+        Err(Error::FailedPrecondition(
+            "runc sent no terminal on the console socket".into(),
+        ))
+    }
+}
+
+impl Drop for ConsoleSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+fn pipe() -> Result<(File, File)> {
+    let (r, w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| io("pipe")(e.into()))?;
+    Ok((File::from(r), File::from(w)))
+}
+
+/// Opens an output destination: a FIFO read+write (never blocks, never EPIPE; containerd holds
+/// the read side), or a regular file for appending.
+fn open_output(path: &str) -> Result<File> {
+    let path = path.strip_prefix("file://").unwrap_or(path);
+    if path.starts_with("binary://") {
+        return Err(Error::Unimplemented(
+            "binary:// logging URIs are not supported".into(),
+        ));
+    }
+    let is_fifo = std::fs::metadata(path)
+        .map(|m| m.file_type().is_fifo())
+        .unwrap_or(false);
+    let mut opts = OpenOptions::new();
+    if is_fifo {
+        opts.read(true).write(true);
+    } else {
+        opts.append(true).create(true);
+    }
+    opts.custom_flags(libc::O_CLOEXEC)
+        .open(path)
+        .map_err(io(format!("open output {path}")))
+}
+
+fn spawn_copy(mut from: File, mut to: File) -> oneshot::Receiver<()> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                // EIO: the terminal's slave side is gone.
+                Err(_) => break,
+            }
+        }
+        let _ = tx.send(());
+    });
+    rx
+}
+
+/// Copies containerd's stdin FIFO into `sink` until EOF or until `sink` is taken away.
+fn spawn_stdin(path: String, sink: Arc<Mutex<Option<File>>>) {
+    std::thread::spawn(move || {
+        // Blocks until containerd opens the write side.
+        let Ok(mut fifo) = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+        else {
+            return;
+        };
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            let n = match fifo.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            let mut guard = sink.lock().unwrap_or_else(|e| e.into_inner());
+            let written = guard.as_mut().map(|w| w.write_all(&buf[..n]).is_ok());
+            if written != Some(true) {
+                return;
+            }
+        }
+        // EOF from containerd: the process sees EOF too.
+        sink.lock().unwrap_or_else(|e| e.into_inner()).take();
+    });
+}
+
+impl ProcessIo {
+    /// Pipes for a process without a terminal: returns the ends runc passes to the process and
+    /// starts the copiers.
+    pub fn pipes(paths: &StdioPaths) -> Result<(ProcessStdio, ProcessIo)> {
+        let mut stdio = ProcessStdio::default();
+        let mut pio = ProcessIo::default();
+        if !paths.stdin.is_empty() {
+            let (r, w) = pipe()?;
+            stdio.stdin = Some(OwnedFd::from(r));
+            *pio.stdin.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
+            spawn_stdin(paths.stdin.clone(), pio.stdin.clone());
+        }
+        for (path, slot) in [
+            (&paths.stdout, &mut stdio.stdout),
+            (&paths.stderr, &mut stdio.stderr),
+        ] {
+            if path.is_empty() {
+                continue;
+            }
+            let out = open_output(path)?;
+            let (r, w) = pipe()?;
+            *slot = Some(OwnedFd::from(w));
+            pio.drained.push(spawn_copy(r, out));
+        }
+        Ok((stdio, pio))
+    }
+
+    /// A process with a terminal: receives its master from runc and starts the copiers.
+    pub fn terminal(paths: &StdioPaths, socket: &ConsoleSocket) -> Result<ProcessIo> {
+        let master = socket.receive()?;
+        let mut pio = ProcessIo::default();
+        if !paths.stdout.is_empty() {
+            let out = open_output(&paths.stdout)?;
+            let reader = master.try_clone().map_err(io("dup terminal"))?;
+            pio.drained.push(spawn_copy(reader, out));
+        }
+        if !paths.stdin.is_empty() {
+            let writer = master.try_clone().map_err(io("dup terminal"))?;
+            *pio.stdin.lock().unwrap_or_else(|e| e.into_inner()) = Some(writer);
+            spawn_stdin(paths.stdin.clone(), pio.stdin.clone());
+        }
+        pio.console = Some(Arc::new(master));
+        Ok(pio)
+    }
+
+    /// Closes the process's stdin (containerd's CloseIO).
+    pub fn close_stdin(&self) {
+        self.stdin.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    /// Sets the terminal size.
+    pub fn resize(&self, width: u32, height: u32) -> Result<()> {
+        let Some(console) = &self.console else {
+            return Err(Error::FailedPrecondition("process has no terminal".into()));
+        };
+        let ws = libc::winsize {
+            ws_row: height as u16,
+            ws_col: width as u16,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which outlives the call.
+        let rc = unsafe { libc::ioctl(console.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        if rc != 0 {
+            return Err(io("resize terminal")(std::io::Error::last_os_error()));
+        }
+        Ok(())
+    }
+
+    /// Waits until every output stream has been delivered, at most `limit`. Output held open by
+    /// a process that outlives this one (a daemonized grandchild) is not waited for past it.
+    pub async fn drained(&mut self, limit: Duration) {
+        let all = futures_join(std::mem::take(&mut self.drained));
+        let _ = tokio::time::timeout(limit, all).await;
+        // A terminal master is closed now so a stuck copier cannot keep the pty alive.
+        self.close_stdin();
+    }
+}
+
+async fn futures_join(rxs: Vec<oneshot::Receiver<()>>) {
+    for rx in rxs {
+        let _ = rx.await;
+    }
+}
+
+/// Unblocks a copier still waiting for containerd to open a stdin FIFO that it never will.
+pub fn release_stdin_fifo(path: &str) {
+    if path.is_empty() || !Path::new(path).exists() {
+        return;
+    }
+    let _ = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path);
+}

@@ -1,0 +1,649 @@
+//! containerd's task API (v2) served over ttrpc: each RPC finds its container, takes its lock
+//! and calls into [`container`](crate::container); exits are recorded and published here.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use containerd_shim::asynchronous::ExitSignal;
+use containerd_shim::asynchronous::publisher::RemotePublisher;
+use containerd_shim::protos::api::DeleteResponse;
+use containerd_shim::protos::api::{
+    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
+    DeleteRequest, Empty, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest, PidsResponse,
+    ProcessInfo, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest, StartResponse,
+    StateRequest, StateResponse, StatsRequest, StatsResponse, Status, UpdateTaskRequest,
+    WaitRequest, WaitResponse,
+};
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
+    TaskResumed, TaskStart,
+};
+use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
+use containerd_shim::protos::shim::oci::ProcessDetails;
+use containerd_shim::protos::topics::*;
+use containerd_shim::{Context, TtrpcContext, TtrpcResult};
+use log::{info, warn};
+use tokio::sync::Mutex;
+
+use crate::container::{self, Container};
+use crate::error::{Error, Result};
+use crate::process::{self, DRAIN_LIMIT, Exit, Process};
+use crate::reaper;
+use crate::runc::Runc;
+use crate::stdio::StdioPaths;
+
+type Shared = Arc<Mutex<Container>>;
+
+/// State shared by the RPC handlers and the exit monitors.
+pub struct Inner {
+    pub namespace: String,
+    pub runc: Runc,
+    containers: std::sync::Mutex<HashMap<String, Shared>>,
+    publisher: RemotePublisher,
+    exit: Arc<ExitSignal>,
+}
+
+/// The task service containerd talks to.
+#[derive(Clone)]
+pub struct TaskService(pub Arc<Inner>);
+
+impl TaskService {
+    pub fn new(
+        namespace: &str,
+        runc: Runc,
+        publisher: RemotePublisher,
+        exit: Arc<ExitSignal>,
+    ) -> Self {
+        Self(Arc::new(Inner {
+            namespace: namespace.to_string(),
+            runc,
+            containers: Default::default(),
+            publisher,
+            exit,
+        }))
+    }
+}
+
+impl Inner {
+    pub fn get(&self, id: &str) -> Result<Shared> {
+        self.containers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| Error::ContainerNotFound(id.to_string()))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.containers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    pub async fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
+        if let Err(e) = self
+            .publisher
+            .publish(Context::default(), topic, &self.namespace, event)
+            .await
+        {
+            warn!("publish {topic}: {e}");
+        }
+    }
+
+    /// Watches `pid`; when it exits, drains its output, records the exit and publishes it.
+    pub fn monitor(self: &Arc<Self>, id: &str, exec_id: &str, pid: u32) {
+        let exited = reaper::watch(pid as i32);
+        let (inner, id, exec_id) = (self.clone(), id.to_string(), exec_id.to_string());
+        tokio::spawn(async move {
+            let code = exited.await.unwrap_or(255);
+            let Ok(c) = inner.get(&id) else { return };
+            let pio = c
+                .lock()
+                .await
+                .process_mut(&exec_id)
+                .ok()
+                .and_then(|p| p.io.take());
+            if let Some(mut pio) = pio {
+                pio.drained(DRAIN_LIMIT).await;
+            }
+            let exit = Exit {
+                status: code as u32,
+                at: process::now(),
+            };
+            {
+                let mut c = c.lock().await;
+                let Ok(p) = c.process_mut(&exec_id) else {
+                    return;
+                };
+                p.set_exited(exit.clone());
+            }
+            info!("container {id} process {exec_id:?} pid {pid} exited with {code}");
+            inner
+                .publish(
+                    TASK_EXIT_EVENT_TOPIC,
+                    Box::new(TaskExit {
+                        container_id: id.clone(),
+                        id: if exec_id.is_empty() {
+                            id.clone()
+                        } else {
+                            exec_id
+                        },
+                        pid,
+                        exit_status: exit.status,
+                        exited_at: MessageField::some(exit.at),
+                        ..Default::default()
+                    }),
+                )
+                .await;
+        });
+    }
+
+    async fn create(self: &Arc<Self>, req: CreateTaskRequest) -> Result<CreateTaskResponse> {
+        if self.get(&req.id).is_ok() {
+            return Err(Error::AlreadyExists(req.id));
+        }
+        let bundle = PathBuf::from(&req.bundle);
+        let paths = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal,
+        };
+        let mounted_rootfs = container::mount_rootfs(&bundle, &req.rootfs).await?;
+        let mut c = Container {
+            id: req.id.clone(),
+            bundle: bundle.clone(),
+            mounted_rootfs,
+            init: Process::new("", paths.clone()),
+            execs: HashMap::new(),
+        };
+        let (pid, pio) =
+            match container::spawn_process(&self.runc, &req.id, &bundle, &paths, None).await {
+                Ok(started) => started,
+                Err(e) => {
+                    c.cleanup(&self.runc).await;
+                    return Err(e);
+                }
+            };
+        c.init.pid = pid;
+        c.init.io = Some(pio);
+        self.containers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(req.id.clone(), Arc::new(Mutex::new(c)));
+        self.monitor(&req.id, "", pid);
+        info!("container {} created, init pid {pid}", req.id);
+        self.publish(
+            TASK_CREATE_EVENT_TOPIC,
+            Box::new(TaskCreate {
+                container_id: req.id.clone(),
+                bundle: req.bundle.clone(),
+                rootfs: req.rootfs.clone(),
+                io: MessageField::some(TaskIO {
+                    stdin: req.stdin,
+                    stdout: req.stdout,
+                    stderr: req.stderr,
+                    terminal: req.terminal,
+                    ..Default::default()
+                }),
+                checkpoint: req.checkpoint,
+                pid,
+                ..Default::default()
+            }),
+        )
+        .await;
+        Ok(CreateTaskResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    async fn start(self: &Arc<Self>, req: StartRequest) -> Result<StartResponse> {
+        let shared = self.get(&req.id)?;
+        let mut c = shared.lock().await;
+        if req.exec_id.is_empty() {
+            if c.init.status != Status::CREATED {
+                return Err(Error::FailedPrecondition(format!(
+                    "container {} is not in created state",
+                    req.id
+                )));
+            }
+            self.runc.start(&req.id).await?;
+            if c.init.exit().is_none() {
+                c.init.status = Status::RUNNING;
+            }
+            let pid = c.init.pid;
+            self.publish(
+                TASK_START_EVENT_TOPIC,
+                Box::new(TaskStart {
+                    container_id: req.id.clone(),
+                    pid,
+                    ..Default::default()
+                }),
+            )
+            .await;
+            return Ok(StartResponse {
+                pid,
+                ..Default::default()
+            });
+        }
+        let spec_path = c.exec_spec_path(&req.exec_id);
+        let p = c.process_mut(&req.exec_id)?;
+        let Some(spec) = p.spec.take() else {
+            return Err(Error::FailedPrecondition(format!(
+                "exec {} was already started",
+                req.exec_id
+            )));
+        };
+        let paths = p.paths.clone();
+        std::fs::write(&spec_path, spec)
+            .map_err(crate::error::io(format!("write {}", spec_path.display())))?;
+        let started =
+            container::spawn_process(&self.runc, &req.id, &c.bundle, &paths, Some(&spec_path))
+                .await;
+        let _ = std::fs::remove_file(&spec_path);
+        let _ = std::fs::remove_file(spec_path.with_extension("pid"));
+        let (pid, pio) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                crate::stdio::release_stdin_fifo(&paths.stdin);
+                return Err(e);
+            }
+        };
+        let p = c.process_mut(&req.exec_id)?;
+        p.pid = pid;
+        p.io = Some(pio);
+        p.status = Status::RUNNING;
+        self.monitor(&req.id, &req.exec_id, pid);
+        self.publish(
+            TASK_EXEC_STARTED_EVENT_TOPIC,
+            Box::new(TaskExecStarted {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                pid,
+                ..Default::default()
+            }),
+        )
+        .await;
+        Ok(StartResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    async fn exec(&self, req: ExecProcessRequest) -> Result<()> {
+        let shared = self.get(&req.id)?;
+        let mut c = shared.lock().await;
+        if c.execs.contains_key(&req.exec_id) {
+            return Err(Error::AlreadyExists(format!("exec {}", req.exec_id)));
+        }
+        if !c.init.is_running() {
+            return Err(Error::FailedPrecondition(format!(
+                "container {} is not running",
+                req.id
+            )));
+        }
+        let spec = req
+            .spec
+            .as_ref()
+            .map(|s| s.value.clone())
+            .unwrap_or_default();
+        if serde_json::from_slice::<oci_spec::runtime::Process>(&spec).is_err() {
+            return Err(Error::InvalidArgument(format!(
+                "exec {}: invalid process spec",
+                req.exec_id
+            )));
+        }
+        let mut p = Process::new(
+            &req.exec_id,
+            StdioPaths {
+                stdin: req.stdin,
+                stdout: req.stdout,
+                stderr: req.stderr,
+                terminal: req.terminal,
+            },
+        );
+        p.spec = Some(spec);
+        c.execs.insert(req.exec_id.clone(), p);
+        self.publish(
+            TASK_EXEC_ADDED_EVENT_TOPIC,
+            Box::new(TaskExecAdded {
+                container_id: req.id,
+                exec_id: req.exec_id,
+                ..Default::default()
+            }),
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn delete(&self, req: DeleteRequest) -> Result<DeleteResponse> {
+        let shared = self.get(&req.id)?;
+        let mut c = shared.lock().await;
+        if !req.exec_id.is_empty() {
+            let p = c.process(&req.exec_id)?;
+            if p.is_running() {
+                return Err(Error::FailedPrecondition(format!(
+                    "exec {} is still running",
+                    req.exec_id
+                )));
+            }
+            let exit = p.exit();
+            let pid = p.pid;
+            c.execs.remove(&req.exec_id);
+            let (exit_status, exited_at) = exit
+                .map(|e| (e.status, e.at))
+                .unwrap_or_else(|| (0, process::zero_time()));
+            return Ok(DeleteResponse {
+                pid,
+                exit_status,
+                exited_at: MessageField::some(exited_at),
+                ..Default::default()
+            });
+        }
+        if c.init.is_running() {
+            return Err(Error::FailedPrecondition(format!(
+                "container {} is still running",
+                req.id
+            )));
+        }
+        let rx = c.init.subscribe();
+        c.cleanup(&self.runc).await;
+        drop(c);
+        // A created-but-never-started init is killed by `runc delete --force`; collect its exit.
+        let exit = tokio::time::timeout(DRAIN_LIMIT * 2, process::wait_exit(rx))
+            .await
+            .ok()
+            .flatten();
+        let (exit_status, exited_at) = exit
+            .map(|e| (e.status, e.at))
+            .unwrap_or((137, process::now()));
+        let pid = shared.lock().await.init.pid;
+        self.containers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&req.id);
+        info!("container {} deleted", req.id);
+        self.publish(
+            TASK_DELETE_EVENT_TOPIC,
+            Box::new(TaskDelete {
+                container_id: req.id.clone(),
+                id: req.id.clone(),
+                pid,
+                exit_status,
+                exited_at: MessageField::some(exited_at.clone()),
+                ..Default::default()
+            }),
+        )
+        .await;
+        Ok(DeleteResponse {
+            pid,
+            exit_status,
+            exited_at: MessageField::some(exited_at),
+            ..Default::default()
+        })
+    }
+
+    async fn state(&self, req: StateRequest) -> Result<StateResponse> {
+        let shared = self.get(&req.id)?;
+        let c = shared.lock().await;
+        let p = c.process(&req.exec_id)?;
+        let (exit_status, exited_at) = p
+            .exit()
+            .map(|e| (e.status, e.at))
+            .unwrap_or_else(|| (0, process::zero_time()));
+        let exited_at = MessageField::some(exited_at);
+        Ok(StateResponse {
+            id: if req.exec_id.is_empty() {
+                req.id.clone()
+            } else {
+                req.exec_id.clone()
+            },
+            bundle: c.bundle.display().to_string(),
+            pid: p.pid,
+            status: p.status.into(),
+            stdin: p.paths.stdin.clone(),
+            stdout: p.paths.stdout.clone(),
+            stderr: p.paths.stderr.clone(),
+            terminal: p.paths.terminal,
+            exit_status,
+            exited_at,
+            exec_id: req.exec_id,
+            ..Default::default()
+        })
+    }
+
+    async fn pause_resume(&self, id: &str, pause: bool) -> Result<()> {
+        let shared = self.get(id)?;
+        let mut c = shared.lock().await;
+        let want_from = if pause {
+            Status::RUNNING
+        } else {
+            Status::PAUSED
+        };
+        if c.init.status != want_from {
+            let state = format!("{:?}", c.init.status).to_lowercase();
+            return Err(Error::FailedPrecondition(format!(
+                "container {id} is {state}"
+            )));
+        }
+        if pause {
+            self.runc.pause(id).await?;
+            c.init.status = Status::PAUSED;
+            self.publish(
+                TASK_PAUSED_EVENT_TOPIC,
+                Box::new(TaskPaused {
+                    container_id: id.into(),
+                    ..Default::default()
+                }),
+            )
+            .await;
+        } else {
+            self.runc.resume(id).await?;
+            c.init.status = Status::RUNNING;
+            self.publish(
+                TASK_RESUMED_EVENT_TOPIC,
+                Box::new(TaskResumed {
+                    container_id: id.into(),
+                    ..Default::default()
+                }),
+            )
+            .await;
+        }
+        Ok(())
+    }
+
+    async fn pids(&self, id: &str) -> Result<PidsResponse> {
+        let shared = self.get(id)?;
+        let c = shared.lock().await;
+        let pids = self.runc.ps(id).await?;
+        let by_pid: HashMap<u32, &str> = c
+            .execs
+            .values()
+            .map(|p| (p.pid, p.exec_id.as_str()))
+            .collect();
+        let processes = pids
+            .into_iter()
+            .map(|pid| {
+                let info = by_pid.get(&pid).and_then(|exec_id| {
+                    let details = ProcessDetails {
+                        exec_id: exec_id.to_string(),
+                        ..Default::default()
+                    };
+                    containerd_shim::util::convert_to_any(Box::new(details)).ok()
+                });
+                ProcessInfo {
+                    pid,
+                    info: info.into(),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        Ok(PidsResponse {
+            processes,
+            ..Default::default()
+        })
+    }
+
+    async fn stats(&self, id: &str) -> Result<StatsResponse> {
+        let shared = self.get(id)?;
+        let pid = {
+            let c = shared.lock().await;
+            if !c.init.is_running() {
+                return Err(Error::FailedPrecondition(format!(
+                    "container {id} is not running"
+                )));
+            }
+            c.init.pid
+        };
+        let any = tokio::task::spawn_blocking(move || crate::cgroup::metrics(pid))
+            .await
+            .map_err(|e| Error::FailedPrecondition(format!("collect metrics: {e}")))??;
+        Ok(StatsResponse {
+            stats: MessageField::some(any),
+            ..Default::default()
+        })
+    }
+
+    async fn update(&self, req: UpdateTaskRequest) -> Result<()> {
+        let shared = self.get(&req.id)?;
+        let c = shared.lock().await;
+        if !c.init.is_running() {
+            return Err(Error::FailedPrecondition(format!(
+                "container {} is not running",
+                req.id
+            )));
+        }
+        let resources = req
+            .resources
+            .as_ref()
+            .map(|r| r.value.clone())
+            .unwrap_or_default();
+        if serde_json::from_slice::<oci_spec::runtime::LinuxResources>(&resources).is_err() {
+            return Err(Error::InvalidArgument(
+                "update: resources are not an OCI LinuxResources document".into(),
+            ));
+        }
+        self.runc.update(&req.id, resources).await
+    }
+}
+
+#[async_trait]
+impl containerd_shim::Task for TaskService {
+    async fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CreateTaskRequest,
+    ) -> TtrpcResult<CreateTaskResponse> {
+        Ok(self.0.create(req).await?)
+    }
+
+    async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> TtrpcResult<StartResponse> {
+        Ok(self.0.start(req).await?)
+    }
+
+    async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> TtrpcResult<Empty> {
+        self.0.exec(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
+        let shared = self.0.get(&req.id)?;
+        let c = shared.lock().await;
+        c.kill(&self.0.runc, &req.exec_id, req.signal, req.all)
+            .await?;
+        Ok(Empty::new())
+    }
+
+    async fn delete(&self, _ctx: &TtrpcContext, req: DeleteRequest) -> TtrpcResult<DeleteResponse> {
+        Ok(self.0.delete(req).await?)
+    }
+
+    async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> TtrpcResult<WaitResponse> {
+        let rx = {
+            let shared = self.0.get(&req.id)?;
+            let c = shared.lock().await;
+            c.process(&req.exec_id)?.subscribe()
+        };
+        let exit = process::wait_exit(rx)
+            .await
+            .ok_or_else(|| Error::FailedPrecondition(format!("container {} went away", req.id)))?;
+        Ok(WaitResponse {
+            exit_status: exit.status,
+            exited_at: MessageField::some(exit.at),
+            ..Default::default()
+        })
+    }
+
+    async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> TtrpcResult<StateResponse> {
+        Ok(self.0.state(req).await?)
+    }
+
+    async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> TtrpcResult<PidsResponse> {
+        Ok(self.0.pids(&req.id).await?)
+    }
+
+    async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> TtrpcResult<Empty> {
+        self.0.pause_resume(&req.id, true).await?;
+        Ok(Empty::new())
+    }
+
+    async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> TtrpcResult<Empty> {
+        self.0.pause_resume(&req.id, false).await?;
+        Ok(Empty::new())
+    }
+
+    async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
+        Ok(self.0.stats(&req.id).await?)
+    }
+
+    async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
+        self.0.update(req).await?;
+        Ok(Empty::new())
+    }
+
+    async fn close_io(&self, _ctx: &TtrpcContext, req: CloseIORequest) -> TtrpcResult<Empty> {
+        let shared = self.0.get(&req.id)?;
+        let c = shared.lock().await;
+        if let Some(pio) = &c.process(&req.exec_id)?.io {
+            pio.close_stdin();
+        }
+        Ok(Empty::new())
+    }
+
+    async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
+        let shared = self.0.get(&req.id)?;
+        let c = shared.lock().await;
+        if let Some(pio) = &c.process(&req.exec_id)?.io {
+            pio.resize(req.width, req.height)?;
+        }
+        Ok(Empty::new())
+    }
+
+    async fn connect(
+        &self,
+        _ctx: &TtrpcContext,
+        req: ConnectRequest,
+    ) -> TtrpcResult<ConnectResponse> {
+        let task_pid = match self.0.get(&req.id) {
+            Ok(c) => c.lock().await.init.pid,
+            Err(_) => 0,
+        };
+        Ok(ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Default::default()
+        })
+    }
+
+    async fn shutdown(&self, _ctx: &TtrpcContext, _req: ShutdownRequest) -> TtrpcResult<Empty> {
+        if self.0.is_empty() {
+            self.0.exit.signal();
+        }
+        Ok(Empty::new())
+    }
+}
