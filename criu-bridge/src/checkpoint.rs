@@ -1,0 +1,269 @@
+//! One instant: freeze the container → CRIU dump (leave running, or exit) → capture the fs layer
+//! while still frozen → thaw; then hash, write the manifest and rename the checkpoint into place.
+
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::criu::{CriuLog, VersionError, check_criu, read_dump_stats};
+use crate::layer::{CaptureError, capture_layer};
+use crate::runc::{CriuOptions, Runc, RuncError};
+use crate::store::{CRIU_DIR, Checkpoint, FORMAT_VERSION, FS_DIR, Manifest, Store, StoreError, Timings};
+
+/// What to checkpoint and where.
+#[derive(Debug, Clone)]
+pub struct CheckpointRequest<'a> {
+    /// runc (state root, CRIU binary, spawner).
+    pub runc: &'a Runc,
+    /// The store.
+    pub store: &'a Store,
+    /// containerd namespace.
+    pub namespace: &'a str,
+    /// Container id.
+    pub id: &'a str,
+    /// The container's bundle (its config.json is digested into the manifest).
+    pub bundle: &'a Path,
+    /// The overlay upper dir of the container's rootfs.
+    pub upper_dir: &'a Path,
+    /// The image's lower dirs, newest first (those under the chain).
+    pub image_lowers: &'a [PathBuf],
+    /// The checkpoint the current rootfs descends from: the previous checkpoint of this upper,
+    /// or the one the rootfs was mounted from at restore. `None`: the upper sits directly on the
+    /// image lowers.
+    pub parent: Option<&'a Checkpoint>,
+    /// Keep the processes running after the dump (else they exit and runc deletes the
+    /// container).
+    pub leave_running: bool,
+    /// CRIU options.
+    pub criu: CriuOptions,
+}
+
+/// Why a checkpoint failed. In every case no partial checkpoint is left and, with
+/// `leave_running`, the container runs again (unpaused if it was running before).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// CRIU is missing or too old.
+    #[error(transparent)]
+    Criu(#[from] VersionError),
+    /// Another checkpoint of this container is in progress.
+    #[error("checkpoint of container {0} already in progress")]
+    InProgress(String),
+    /// The store's disk is full; nothing partial was left behind.
+    #[error("disk full while writing checkpoint {path}; nothing was kept")]
+    DiskFull {
+        /// What was being written.
+        path: PathBuf,
+    },
+    /// The container cannot be found or inspected.
+    #[error("cannot inspect container {id}")]
+    State {
+        /// The container.
+        id: String,
+        /// The cause.
+        #[source]
+        source: RuncError,
+    },
+    /// The container is not running or paused.
+    #[error("container {id} is {status}, not running")]
+    NotRunning {
+        /// The container.
+        id: String,
+        /// Its status.
+        status: String,
+    },
+    /// `runc pause` failed.
+    #[error("cannot freeze container {id}")]
+    Freeze {
+        /// The container.
+        id: String,
+        /// The cause.
+        #[source]
+        source: RuncError,
+    },
+    /// The CRIU dump failed.
+    #[error("CRIU dump of container {id} failed; {log}")]
+    Dump {
+        /// The container.
+        id: String,
+        /// The relevant lines of dump.log.
+        log: CriuLog,
+        /// The cause.
+        #[source]
+        source: RuncError,
+    },
+    /// The fs layer capture failed.
+    #[error("cannot capture the filesystem of container {id}")]
+    Capture {
+        /// The container.
+        id: String,
+        /// The cause.
+        #[source]
+        source: CaptureError,
+    },
+    /// `runc resume` failed: the container stays frozen.
+    #[error("cannot thaw container {id}; it is still paused")]
+    Thaw {
+        /// The container.
+        id: String,
+        /// The cause.
+        #[source]
+        source: RuncError,
+    },
+    /// Reading the parent or writing the checkpoint failed.
+    #[error("cannot write the checkpoint of container {id}")]
+    Store {
+        /// The container.
+        id: String,
+        /// The cause.
+        #[source]
+        source: StoreError,
+    },
+    /// The bundle's config.json cannot be read.
+    #[error("cannot read {path}")]
+    Spec {
+        /// config.json.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CheckpointError {
+    fn store(id: &str, e: StoreError) -> Self {
+        match e {
+            StoreError::DiskFull { path } => Self::DiskFull { path },
+            StoreError::InProgress { .. } => Self::InProgress(id.into()),
+            source => Self::Store { id: id.into(), source },
+        }
+    }
+}
+
+/// Thaws the container if this checkpoint froze it, unless disarmed.
+struct ThawGuard<'a> {
+    runc: &'a Runc,
+    id: &'a str,
+    armed: bool,
+}
+
+impl Drop for ThawGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = self.runc.resume(self.id) {
+                tracing::warn!(container = self.id, error = %e, "cannot thaw after a failed checkpoint");
+            }
+        }
+    }
+}
+
+fn micros(since: Instant) -> u64 {
+    since.elapsed().as_micros() as u64
+}
+
+/// Takes a checkpoint of processes and filesystem at one instant.
+///
+/// Sequence: `runc pause` (skipped when already paused) → `runc checkpoint [--leave-running]`
+/// (runc hands CRIU the freezer cgroup; CRIU leaves it in the state it found: frozen) → fs
+/// capture from the upper dir → `runc resume` (only if this call paused it and the processes
+/// were left running) → hash, manifest, fsync, rename. The container is frozen only for the
+/// first three steps.
+pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, CheckpointError> {
+    let start = Instant::now();
+    let id = req.id;
+    check_criu(&req.runc.criu)?;
+    let lock = req.store.lock(req.namespace, id).map_err(|e| CheckpointError::store(id, e))?;
+    let state = req.runc.state(id).map_err(|source| CheckpointError::State { id: id.into(), source })?;
+    if state.status != "running" && state.status != "paused" {
+        return Err(CheckpointError::NotRunning { id: id.into(), status: state.status });
+    }
+    let spec_path = req.bundle.join("config.json");
+    let spec = std::fs::read(&spec_path).map_err(|source| CheckpointError::Spec { path: spec_path.clone(), source })?;
+    let parent_index = match req.parent {
+        Some(p) => Some(p.read_index().map_err(|e| CheckpointError::store(id, e))?),
+        None => None,
+    };
+    let pending = req.store.begin(&lock).map_err(|e| CheckpointError::store(id, e))?;
+    let mut t = Timings::default();
+
+    let frozen_at = Instant::now();
+    let we_pause = state.status == "running";
+    if we_pause {
+        req.runc.pause(id).map_err(|source| CheckpointError::Freeze { id: id.into(), source })?;
+    }
+    t.freeze_us = micros(frozen_at);
+    let mut thaw = ThawGuard { runc: req.runc, id, armed: we_pause };
+
+    let dump_at = Instant::now();
+    let criu_dir = pending.criu_dir();
+    if let Err(source) = req.runc.checkpoint(id, &criu_dir, &criu_dir, req.leave_running, &req.criu) {
+        let log = CriuLog::read(criu_dir.join("dump.log"));
+        if log.lines.iter().any(|l| l.contains("No space left on device")) {
+            return Err(CheckpointError::DiskFull { path: criu_dir });
+        }
+        return Err(CheckpointError::Dump { id: id.into(), log, source });
+    }
+    t.dump_us = micros(dump_at);
+    if !req.leave_running {
+        // The processes are gone and runc deleted the container: nothing to thaw.
+        thaw.armed = false;
+    }
+
+    let capture_at = Instant::now();
+    let (index, capture) = capture_layer(req.upper_dir, parent_index.as_ref(), &pending.fs_dir()).map_err(|source| match source {
+        CaptureError::DiskFull(e) => CheckpointError::DiskFull { path: e.path },
+        source => CheckpointError::Capture { id: id.into(), source },
+    })?;
+    t.fs_capture_us = micros(capture_at);
+
+    if thaw.armed {
+        let thaw_at = Instant::now();
+        thaw.armed = false;
+        req.runc.resume(id).map_err(|source| CheckpointError::Thaw { id: id.into(), source })?;
+        t.thaw_us = micros(thaw_at);
+    }
+    t.frozen_us = micros(frozen_at);
+
+    pending.write_index(&index).map_err(|e| CheckpointError::store(id, e))?;
+    let criu_stats = match read_dump_stats(&criu_dir.join("stats-dump")) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(container = id, error = %e, "no CRIU dump stats");
+            None
+        }
+    };
+    let seq = pending.seq();
+    let mut fs_chain = vec![seq];
+    if let Some(p) = req.parent {
+        fs_chain.extend(&p.manifest.fs_chain);
+    }
+    t.total_us = micros(start);
+    let manifest = Manifest {
+        format_version: FORMAT_VERSION,
+        namespace: req.namespace.into(),
+        container: id.into(),
+        seq,
+        parent: req.parent.map(|p| p.manifest.seq),
+        created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
+        spec_digest: format!("sha256:{}", crate::tree::hex(&<sha2::Sha256 as sha2::Digest>::digest(&spec))),
+        image_lowers: req.image_lowers.to_vec(),
+        fs_chain,
+        criu_dir: CRIU_DIR.into(),
+        fs_dir: FS_DIR.into(),
+        leave_running: req.leave_running,
+        criu_options: req.criu.clone(),
+        sizes: Default::default(),
+        timings: t,
+        criu_stats,
+        capture,
+        files: Vec::new(),
+    };
+    let cp = pending.commit(manifest).map_err(|e| CheckpointError::store(id, e))?;
+    tracing::info!(
+        container = id,
+        seq,
+        frozen_us = cp.manifest.timings.frozen_us,
+        total_us = cp.manifest.timings.total_us,
+        bytes = cp.manifest.sizes.total_bytes,
+        "checkpoint taken"
+    );
+    Ok(cp)
+}

@@ -1,0 +1,337 @@
+//! `runc` as a library: state, pause/resume, kill/delete, and `checkpoint`/`restore` with
+//! Belayer's CRIU options. Every child is spawned through a [`Spawner`], so a shim can route
+//! them through its reaper and lose no exit status.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+/// Runs a prepared command to completion. The default runs it directly; a shim whose reaper
+/// waits on all children supplies its own.
+pub trait Spawner: Send + Sync {
+    /// Runs `cmd` and returns its status and captured output (stdio the caller set on `cmd`
+    /// stays as set).
+    fn output(&self, cmd: Command) -> io::Result<Output>;
+}
+
+/// [`Spawner`] that runs commands with `std::process`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StdSpawner;
+
+impl Spawner for StdSpawner {
+    fn output(&self, mut cmd: Command) -> io::Result<Output> {
+        cmd.output()
+    }
+}
+
+/// A failed runc invocation.
+#[derive(Debug, thiserror::Error)]
+pub enum RuncError {
+    /// runc could not be started.
+    #[error("cannot run {binary} {verb}")]
+    Spawn {
+        /// The runc binary.
+        binary: PathBuf,
+        /// The runc verb.
+        verb: &'static str,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// runc exited with a failure.
+    #[error("runc {verb} {id} failed ({status}): {message}")]
+    Failed {
+        /// The runc verb.
+        verb: &'static str,
+        /// The container id.
+        id: String,
+        /// runc's exit status.
+        status: ExitStatus,
+        /// runc's own error text (stderr or its log).
+        message: String,
+    },
+    /// The container does not exist.
+    #[error("container {0} does not exist")]
+    NotFound(String),
+    /// `runc state` printed something unreadable.
+    #[error("cannot parse `runc state {id}` output")]
+    BadState {
+        /// The container id.
+        id: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// What `runc state` reports.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ContainerState {
+    /// The container id.
+    pub id: String,
+    /// Init's pid (0 when stopped).
+    pub pid: i32,
+    /// "created", "running", "paused" or "stopped".
+    pub status: String,
+    /// The bundle path.
+    pub bundle: PathBuf,
+}
+
+/// CRIU's `--manage-cgroups-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupsMode {
+    /// Restore cgroup properties only when the cgroup is created (runc's default).
+    Soft,
+    /// Restore all cgroup properties.
+    Full,
+    /// Fail if cgroups do not match.
+    Strict,
+}
+
+impl fmt::Display for CgroupsMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Soft => "soft",
+            Self::Full => "full",
+            Self::Strict => "strict",
+        })
+    }
+}
+
+/// CRIU options shared by checkpoint and restore.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CriuOptions {
+    /// Dump/restore established TCP connections (`--tcp-established`).
+    pub tcp_established: bool,
+    /// Allow unix sockets connected outside the container (`--ext-unix-sk`).
+    pub ext_unix_sk: bool,
+    /// Dump/restore file locks (`--file-locks`).
+    pub file_locks: bool,
+    /// The container runs a shell job with a controlling terminal (`--shell-job`).
+    pub shell_job: bool,
+    /// `--manage-cgroups-mode`, runc's default when `None`.
+    pub manage_cgroups_mode: Option<CgroupsMode>,
+}
+
+impl Default for CriuOptions {
+    /// Belayer's defaults: sockets, external unix sockets and file locks on.
+    fn default() -> Self {
+        Self { tcp_established: true, ext_unix_sk: true, file_locks: true, shell_job: false, manage_cgroups_mode: None }
+    }
+}
+
+impl CriuOptions {
+    fn apply(&self, cmd: &mut Command) {
+        for (on, flag) in [
+            (self.tcp_established, "--tcp-established"),
+            (self.ext_unix_sk, "--ext-unix-sk"),
+            (self.file_locks, "--file-locks"),
+            (self.shell_job, "--shell-job"),
+        ] {
+            if on {
+                cmd.arg(flag);
+            }
+        }
+        if let Some(mode) = self.manage_cgroups_mode {
+            cmd.arg("--manage-cgroups-mode").arg(mode.to_string());
+        }
+    }
+}
+
+/// The stdio of a restored container's init when there is no terminal (containerd's fifos or
+/// pipes, say). runc maps them onto the pipes recorded at checkpoint time.
+#[derive(Debug, Default)]
+pub struct RestoreStdio {
+    /// stdin (`/dev/null` when `None`).
+    pub stdin: Option<Stdio>,
+    /// stdout (`/dev/null` when `None`).
+    pub stdout: Option<Stdio>,
+    /// stderr (`/dev/null` when `None`).
+    pub stderr: Option<Stdio>,
+}
+
+/// Arguments of `runc restore`.
+#[derive(Debug, Clone)]
+pub struct RestoreArgs<'a> {
+    /// The container id to restore as (the same one in place, a new one for a fork).
+    pub id: &'a str,
+    /// The bundle (config.json, rootfs mounted).
+    pub bundle: &'a Path,
+    /// The CRIU images.
+    pub image_dir: &'a Path,
+    /// Where CRIU writes restore.log and stats-restore.
+    pub work_dir: &'a Path,
+    /// CRIU options (must match those of the checkpoint).
+    pub criu: &'a CriuOptions,
+    /// Return once the container runs (`--detach`).
+    pub detach: bool,
+    /// Where runc writes init's pid.
+    pub pid_file: Option<&'a Path>,
+    /// Console socket, when the container has a terminal.
+    pub console_socket: Option<&'a Path>,
+    /// `--no-subreaper`.
+    pub no_subreaper: bool,
+    /// `--no-pivot` (rootfs on a ramdisk).
+    pub no_pivot: bool,
+}
+
+/// A runc binary with its state root and the CRIU it must use.
+#[derive(Clone)]
+pub struct Runc {
+    /// The runc binary.
+    pub binary: PathBuf,
+    /// runc's `--root` (its state dir).
+    pub root: PathBuf,
+    /// The CRIU binary runc runs (`--criu`).
+    pub criu: PathBuf,
+    /// How children are spawned.
+    pub spawner: Arc<dyn Spawner>,
+}
+
+impl fmt::Debug for Runc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runc").field("binary", &self.binary).field("root", &self.root).field("criu", &self.criu).finish()
+    }
+}
+
+impl Runc {
+    /// `runc` and `criu` from PATH with the given state root.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { binary: "runc".into(), root: root.into(), criu: "criu".into(), spawner: Arc::new(StdSpawner) }
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.binary);
+        c.arg("--root").arg(&self.root).arg("--criu").arg(&self.criu);
+        c.stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, verb: &'static str, id: &str, mut cmd: Command) -> Result<Output, RuncError> {
+        cmd.arg(id);
+        let out = self.spawner.output(cmd).map_err(|source| RuncError::Spawn { binary: self.binary.clone(), verb, source })?;
+        if out.status.success() {
+            return Ok(out);
+        }
+        let message = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        if message.contains("does not exist") || message.contains("container not found") {
+            return Err(RuncError::NotFound(id.to_string()));
+        }
+        Err(RuncError::Failed { verb, id: id.to_string(), status: out.status, message })
+    }
+
+    /// `runc state ID`.
+    pub fn state(&self, id: &str) -> Result<ContainerState, RuncError> {
+        let mut c = self.command();
+        c.arg("state");
+        let out = self.run("state", id, c)?;
+        serde_json::from_slice(&out.stdout).map_err(|source| RuncError::BadState { id: id.into(), source })
+    }
+
+    /// `runc pause ID`: freezes the container's cgroup.
+    pub fn pause(&self, id: &str) -> Result<(), RuncError> {
+        let mut c = self.command();
+        c.arg("pause");
+        self.run("pause", id, c).map(drop)
+    }
+
+    /// `runc resume ID`: thaws the container's cgroup.
+    pub fn resume(&self, id: &str) -> Result<(), RuncError> {
+        let mut c = self.command();
+        c.arg("resume");
+        self.run("resume", id, c).map(drop)
+    }
+
+    /// `runc kill [--all] ID SIGNAL`.
+    pub fn kill(&self, id: &str, signal: &str, all: bool) -> Result<(), RuncError> {
+        let mut c = self.command();
+        c.arg("kill");
+        if all {
+            c.arg("--all");
+        }
+        c.arg(id);
+        let out = self.spawner.output({
+            c.arg(signal);
+            c
+        });
+        let out = out.map_err(|source| RuncError::Spawn { binary: self.binary.clone(), verb: "kill", source })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            let message = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            Err(RuncError::Failed { verb: "kill", id: id.into(), status: out.status, message })
+        }
+    }
+
+    /// `runc delete [--force] ID`.
+    pub fn delete(&self, id: &str, force: bool) -> Result<(), RuncError> {
+        let mut c = self.command();
+        c.arg("delete");
+        if force {
+            c.arg("--force");
+        }
+        self.run("delete", id, c).map(drop)
+    }
+
+    /// `runc checkpoint`: CRIU images into `image_dir`, logs and stats into `work_dir`.
+    /// With `leave_running` the processes go on afterwards in the freezer state they had before
+    /// (a paused container stays paused); without, they are killed and the container deleted.
+    pub fn checkpoint(
+        &self,
+        id: &str,
+        image_dir: &Path,
+        work_dir: &Path,
+        leave_running: bool,
+        criu: &CriuOptions,
+    ) -> Result<(), RuncError> {
+        let mut c = self.command();
+        c.arg("checkpoint").arg("--image-path").arg(image_dir).arg("--work-path").arg(work_dir);
+        if leave_running {
+            c.arg("--leave-running");
+        }
+        criu.apply(&mut c);
+        self.run("checkpoint", id, c).map(drop)
+    }
+
+    /// `runc restore`. runc's own messages go to `work_dir/runc-restore.log` (its stdio is the
+    /// container's), and are returned in the error.
+    pub fn restore(&self, args: &RestoreArgs<'_>, stdio: RestoreStdio) -> Result<(), RuncError> {
+        let log = args.work_dir.join("runc-restore.log");
+        let mut c = Command::new(&self.binary);
+        c.arg("--root").arg(&self.root).arg("--criu").arg(&self.criu).arg("--log").arg(&log);
+        c.arg("restore").arg("--bundle").arg(args.bundle);
+        c.arg("--image-path").arg(args.image_dir).arg("--work-path").arg(args.work_dir);
+        args.criu.apply(&mut c);
+        if args.detach {
+            c.arg("--detach");
+        }
+        if let Some(p) = args.pid_file {
+            c.arg("--pid-file").arg(p);
+        }
+        if let Some(s) = args.console_socket {
+            c.arg("--console-socket").arg(s);
+        }
+        if args.no_subreaper {
+            c.arg("--no-subreaper");
+        }
+        if args.no_pivot {
+            c.arg("--no-pivot");
+        }
+        c.arg(args.id);
+        c.stdin(stdio.stdin.unwrap_or_else(Stdio::null));
+        c.stdout(stdio.stdout.unwrap_or_else(Stdio::null));
+        c.stderr(stdio.stderr.unwrap_or_else(Stdio::null));
+        let out = self.spawner.output(c).map_err(|source| RuncError::Spawn { binary: self.binary.clone(), verb: "restore", source })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let message = text.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
+        Err(RuncError::Failed { verb: "restore", id: args.id.into(), status: out.status, message })
+    }
+}

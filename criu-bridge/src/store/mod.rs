@@ -1,0 +1,283 @@
+//! The checkpoint store (DESIGN.md §3): `<root>/checkpoints/<namespace>/<container>/<seq>/`,
+//! root-only, each checkpoint written into a temp dir and renamed into place whole, a
+//! per-container lock, listing, loading, deletion that keeps chains whole, and compaction.
+
+mod compact;
+mod files;
+mod manifest;
+mod pending;
+mod verify;
+
+use std::fs;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+pub use manifest::{
+    CRIU_DIR, FORMAT_VERSION, FS_DIR, FileEntry, FormatError, INDEX_FILE, MANIFEST_FILE, MAX_MANIFEST_BYTES, Manifest,
+    Sizes, Timings, probe_version,
+};
+pub use compact::CompactCheckpointError;
+pub use pending::PendingCheckpoint;
+pub use verify::{VerifyError, VerifyLevel, verify_checkpoint, verify_dir};
+
+use crate::layer::LayerIndex;
+
+/// The default store root.
+pub const DEFAULT_ROOT: &str = "/var/lib/belayer";
+/// Prefix of in-progress (temporary) checkpoint dirs; never listed.
+pub(crate) const TMP_PREFIX: &str = ".tmp-";
+/// Name of the per-container lock file.
+const LOCK_FILE: &str = ".lock";
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A namespace or container id that cannot be a path component.
+    #[error("invalid {what} {name:?}: use letters, digits, '_', '-', '.', not starting with '.'")]
+    BadName {
+        /// "namespace" or "container id".
+        what: &'static str,
+        /// The name.
+        name: String,
+    },
+    /// No such checkpoint.
+    #[error("no checkpoint {seq} of container {container} in namespace {namespace}")]
+    NotFound {
+        /// Namespace.
+        namespace: String,
+        /// Container.
+        container: String,
+        /// Sequence number.
+        seq: u64,
+    },
+    /// Another checkpoint of the container is being written.
+    #[error("a checkpoint of container {container} (namespace {namespace}) is already in progress")]
+    InProgress {
+        /// Namespace.
+        namespace: String,
+        /// Container.
+        container: String,
+    },
+    /// The store's disk is full; nothing partial was left behind.
+    #[error("disk full while writing {path}; the partial checkpoint was removed")]
+    DiskFull {
+        /// What was being written.
+        path: PathBuf,
+    },
+    /// A later checkpoint's filesystem depends on this one.
+    #[error("checkpoint {seq} is part of the fs chain of checkpoint {needed_by}; compact {needed_by} first")]
+    InChain {
+        /// The checkpoint to delete.
+        seq: u64,
+        /// The checkpoint that needs it.
+        needed_by: u64,
+    },
+    /// A manifest is unreadable.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// A filesystem step failed.
+    #[error("cannot {step} {path}")]
+    Io {
+        /// The step ("create", "rename", "fsync", ...).
+        step: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StoreError {
+    pub(crate) fn io(step: &'static str, path: &Path, source: std::io::Error) -> Self {
+        if crate::sys::is_disk_full(&source) {
+            Self::DiskFull { path: path.into() }
+        } else {
+            Self::Io { step, path: path.into(), source }
+        }
+    }
+}
+
+/// A checkpoint on disk: its dir and its manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// The checkpoint dir.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+}
+
+impl Checkpoint {
+    /// The CRIU image dir.
+    pub fn criu_dir(&self) -> PathBuf {
+        self.dir.join(&self.manifest.criu_dir)
+    }
+
+    /// The fs layer dir.
+    pub fn fs_dir(&self) -> PathBuf {
+        self.dir.join(&self.manifest.fs_dir)
+    }
+
+    /// The capture index of this checkpoint (the upper dir at its instant).
+    pub fn read_index(&self) -> Result<LayerIndex, StoreError> {
+        let path = self.dir.join(INDEX_FILE);
+        let bytes = fs::read(&path).map_err(|e| StoreError::io("read", &path, e))?;
+        serde_json::from_slice(&bytes).map_err(|source| FormatError::Malformed { path, source }.into())
+    }
+}
+
+/// A lock on one container's checkpoints; released when dropped.
+#[derive(Debug)]
+pub struct ContainerLock {
+    _file: fs::File,
+    dir: PathBuf,
+}
+
+/// The checkpoint store rooted at `root` (`/var/lib/belayer` by default).
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::new(DEFAULT_ROOT)
+    }
+}
+
+fn check_name(what: &'static str, name: &str) -> Result<(), StoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok { Ok(()) } else { Err(StoreError::BadName { what, name: name.into() }) }
+}
+
+pub(crate) fn mkdir_private(path: &Path) -> Result<(), StoreError> {
+    match fs::DirBuilder::new().recursive(true).mode(0o700).create(path) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(StoreError::io("create", path, e)),
+    }
+}
+
+impl Store {
+    /// A store rooted at `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    /// The store root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// `<root>/checkpoints/<namespace>/<container>`, names checked.
+    pub fn container_dir(&self, namespace: &str, container: &str) -> Result<PathBuf, StoreError> {
+        check_name("namespace", namespace)?;
+        check_name("container id", container)?;
+        Ok(self.root.join("checkpoints").join(namespace).join(container))
+    }
+
+    /// Takes the per-container lock; [`StoreError::InProgress`] when someone holds it.
+    pub fn lock(&self, namespace: &str, container: &str) -> Result<ContainerLock, StoreError> {
+        let dir = self.container_dir(namespace, container)?;
+        mkdir_private(&dir)?;
+        for d in [self.root.join("checkpoints"), self.root.join("checkpoints").join(namespace), dir.clone()] {
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).map_err(|e| StoreError::io("chmod", &d, e))?;
+        }
+        let path = dir.join(LOCK_FILE);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| StoreError::io("open", &path, e))?;
+        match crate::sys::try_lock_exclusive(&file) {
+            Ok(true) => Ok(ContainerLock { _file: file, dir }),
+            Ok(false) => Err(StoreError::InProgress { namespace: namespace.into(), container: container.into() }),
+            Err(e) => Err(StoreError::io("lock", &path, e)),
+        }
+    }
+
+    /// The sequence numbers of the complete checkpoints of a container, oldest first. Temp dirs
+    /// are never listed; left-over ones (from a crash) are removed when no checkpoint is in
+    /// progress.
+    pub fn list(&self, namespace: &str, container: &str) -> Result<Vec<u64>, StoreError> {
+        let dir = self.container_dir(namespace, container)?;
+        let rd = match fs::read_dir(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            r => r.map_err(|e| StoreError::io("read", &dir, e))?,
+        };
+        let mut seqs = Vec::new();
+        let mut leftovers = Vec::new();
+        for e in rd {
+            let e = e.map_err(|e| StoreError::io("read", &dir, e))?;
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(TMP_PREFIX) {
+                leftovers.push(e.path());
+            } else if let Ok(seq) = name.parse::<u64>() {
+                if e.path().join(MANIFEST_FILE).is_file() {
+                    seqs.push(seq);
+                }
+            }
+        }
+        if !leftovers.is_empty() {
+            if let Ok(_lock) = self.lock(namespace, container) {
+                for p in leftovers {
+                    tracing::info!(path = %p.display(), "removing left-over partial checkpoint");
+                    let _ = fs::remove_dir_all(&p);
+                }
+            }
+        }
+        seqs.sort_unstable();
+        Ok(seqs)
+    }
+
+    /// Loads (and format-checks) one checkpoint's manifest.
+    pub fn load(&self, namespace: &str, container: &str, seq: u64) -> Result<Checkpoint, StoreError> {
+        let dir = self.container_dir(namespace, container)?.join(seq.to_string());
+        let path = dir.join(MANIFEST_FILE);
+        if !path.is_file() {
+            return Err(StoreError::NotFound { namespace: namespace.into(), container: container.into(), seq });
+        }
+        let manifest = Manifest::read(&path)?;
+        Ok(Checkpoint { dir, manifest })
+    }
+
+    /// The newest checkpoint, if any.
+    pub fn latest(&self, namespace: &str, container: &str) -> Result<Option<Checkpoint>, StoreError> {
+        match self.list(namespace, container)?.last() {
+            Some(&seq) => self.load(namespace, container, seq).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Starts a new checkpoint (the next sequence number) in a temp dir, under `lock`.
+    pub fn begin(&self, lock: &ContainerLock) -> Result<PendingCheckpoint, StoreError> {
+        let ns = lock.dir.parent().and_then(Path::file_name).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let id = lock.dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let seq = self.list(&ns, &id)?.last().map_or(1, |s| s + 1);
+        PendingCheckpoint::create(&lock.dir, seq)
+    }
+
+    /// Deletes a checkpoint. Refused while a later checkpoint's fs chain contains it
+    /// ([`StoreError::InChain`]): compact that one first ([`Store::compact`]).
+    pub fn delete(&self, namespace: &str, container: &str, seq: u64) -> Result<(), StoreError> {
+        let _lock = self.lock(namespace, container)?;
+        let cp = self.load(namespace, container, seq)?;
+        for other in self.list(namespace, container)? {
+            if other == seq {
+                continue;
+            }
+            let o = self.load(namespace, container, other)?;
+            if o.manifest.fs_chain.contains(&seq) {
+                return Err(StoreError::InChain { seq, needed_by: other });
+            }
+        }
+        // Rename first so a crash never leaves a half-deleted checkpoint listed.
+        let doomed = cp.dir.with_file_name(format!("{TMP_PREFIX}deleted-{seq}"));
+        fs::rename(&cp.dir, &doomed).map_err(|e| StoreError::io("rename", &cp.dir, e))?;
+        fs::remove_dir_all(&doomed).map_err(|e| StoreError::io("remove", &doomed, e))
+    }
+}
