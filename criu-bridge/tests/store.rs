@@ -1,0 +1,237 @@
+//! The checkpoint format and store: atomic writes, verification errors that name the file,
+//! version and truncation checks, the per-container lock, a full disk, chains and deletion.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::{MountGuard, require_root, sh};
+use criu_bridge::layer::capture_layer;
+use criu_bridge::store::{
+    FORMAT_VERSION, FormatError, Manifest, StoreError, VerifyError, VerifyLevel, verify_checkpoint,
+};
+use criu_bridge::{Checkpoint, Store};
+
+fn manifest(seq: u64, parent: Option<&Checkpoint>, lower: &Path) -> Manifest {
+    let mut chain = vec![seq];
+    if let Some(p) = parent {
+        chain.extend(&p.manifest.fs_chain);
+    }
+    Manifest {
+        format_version: FORMAT_VERSION,
+        namespace: "default".into(),
+        container: "c1".into(),
+        seq,
+        parent: parent.map(|p| p.manifest.seq),
+        created_unix_ms: 0,
+        spec_digest: "sha256:test".into(),
+        image_lowers: vec![lower.to_path_buf()],
+        fs_chain: chain,
+        criu_dir: "criu".into(),
+        fs_dir: "fs".into(),
+        leave_running: true,
+        criu_options: Default::default(),
+        sizes: Default::default(),
+        timings: Default::default(),
+        criu_stats: None,
+        capture: Default::default(),
+        files: Vec::new(),
+    }
+}
+
+/// A checkpoint without processes: fake CRIU images plus a real layer capture of `upper`.
+fn fake_checkpoint(store: &Store, upper: &Path, lower: &Path, parent: Option<&Checkpoint>) -> Result<Checkpoint, StoreError> {
+    let lock = store.lock("default", "c1")?;
+    let pending = store.begin(&lock)?;
+    fs::write(pending.criu_dir().join("pages-1.img"), vec![7u8; 100_000]).unwrap();
+    fs::write(pending.criu_dir().join("core-1.img"), b"core").unwrap();
+    let parent_index = parent.map(|p| p.read_index().unwrap());
+    let (index, capture) = capture_layer(upper, parent_index.as_ref(), &pending.fs_dir()).map_err(|e| match e {
+        criu_bridge::layer::CaptureError::DiskFull(c) => StoreError::DiskFull { path: c.path },
+        e => panic!("{e}"),
+    })?;
+    pending.write_index(&index)?;
+    let mut m = manifest(pending.seq(), parent, lower);
+    m.capture = capture;
+    pending.commit(m)
+}
+
+struct Env {
+    _tmp: tempfile::TempDir,
+    store: Store,
+    lower: PathBuf,
+    upper: PathBuf,
+    merged: PathBuf,
+    _mount: MountGuard,
+}
+
+fn env() -> Env {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let lower = tmp.path().join("lower");
+    fs::create_dir_all(lower.join("etc")).unwrap();
+    fs::write(lower.join("etc/os"), "img").unwrap();
+    let (mount, upper, merged) = common::mount_fresh(tmp.path(), "live", std::slice::from_ref(&lower));
+    let store = Store::new(tmp.path().join("store"));
+    Env { store, lower, upper, merged, _mount: mount, _tmp: tmp }
+}
+
+#[test]
+fn written_checkpoints_verify_and_are_private() {
+    let e = env();
+    sh(&e.merged, "echo one > a; mkdir d; echo two > d/b");
+    let cp = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
+    verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    for d in [e.store.root().join("checkpoints"), cp.dir.clone(), cp.criu_dir()] {
+        assert_eq!(fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700, "{}", d.display());
+    }
+    let loaded = e.store.load("default", "c1", 1).unwrap();
+    assert_eq!(loaded, cp);
+    assert!(cp.manifest.sizes.criu_bytes >= 100_000 && cp.manifest.sizes.files > 4);
+}
+
+#[test]
+fn a_corrupt_byte_names_the_file() {
+    let e = env();
+    sh(&e.merged, "echo data > a");
+    let cp = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    let victim = cp.criu_dir().join("pages-1.img");
+    let mut bytes = fs::read(&victim).unwrap();
+    bytes[5000] ^= 1;
+    fs::write(&victim, bytes).unwrap();
+    verify_checkpoint(&e.store, &cp, VerifyLevel::Sizes).unwrap();
+    let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap_err();
+    assert!(matches!(&err, VerifyError::Corrupt { file, .. } if *file == victim), "{err}");
+    assert!(err.to_string().contains("pages-1.img"), "{err}");
+
+    fs::write(cp.fs_dir().join("a"), "data\nmore").unwrap();
+    fs::write(cp.criu_dir().join("pages-1.img"), vec![7u8; 100_000]).unwrap();
+    let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Sizes).unwrap_err();
+    assert!(matches!(&err, VerifyError::Changed { file, .. } if file.ends_with("fs/a")), "{err}");
+    fs::write(cp.fs_dir().join("a"), "data\n").unwrap();
+    fs::write(cp.fs_dir().join("planted"), "x").unwrap();
+    let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap_err();
+    assert!(matches!(&err, VerifyError::Extra { file } if file.ends_with("fs/planted")), "{err}");
+    fs::remove_file(cp.fs_dir().join("planted")).unwrap();
+    fs::remove_file(cp.criu_dir().join("core-1.img")).unwrap();
+    let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap_err();
+    assert!(matches!(&err, VerifyError::Missing { file } if file.ends_with("criu/core-1.img")), "{err}");
+}
+
+#[test]
+fn truncated_manifest_and_unknown_version_are_clear_errors() {
+    let e = env();
+    sh(&e.merged, "echo data > a");
+    let cp = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    let path = cp.dir.join("manifest.json");
+    let good = fs::read(&path).unwrap();
+    fs::write(&path, &good[..good.len() - 40]).unwrap();
+    let err = e.store.load("default", "c1", 1).unwrap_err();
+    assert!(matches!(err, StoreError::Format(FormatError::Truncated { .. })), "{err}");
+    assert!(err.to_string().contains("truncated"), "{err}");
+
+    let text = String::from_utf8(good).unwrap().replacen("\"format_version\": 1", "\"format_version\": 99", 1);
+    fs::write(&path, text).unwrap();
+    let err = e.store.load("default", "c1", 1).unwrap_err();
+    assert!(matches!(err, StoreError::Format(FormatError::UnknownVersion { found: 99, .. })), "{err}");
+    assert!(err.to_string().contains("format_version 99"), "{err}");
+
+    let err = e.store.load("default", "c1", 42).unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { seq: 42, .. }), "{err}");
+}
+
+#[test]
+fn concurrent_checkpoints_of_one_container_are_refused() {
+    let e = env();
+    let _held = e.store.lock("default", "c1").unwrap();
+    let err = e.store.lock("default", "c1").unwrap_err();
+    assert!(matches!(err, StoreError::InProgress { .. }), "{err}");
+    assert!(err.to_string().contains("already in progress"), "{err}");
+    // Another container is not blocked.
+    e.store.lock("default", "c2").unwrap();
+}
+
+#[test]
+fn partial_checkpoints_are_never_listed_and_are_cleaned() {
+    let e = env();
+    sh(&e.merged, "echo data > a");
+    fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    {
+        let lock = e.store.lock("default", "c1").unwrap();
+        let pending = e.store.begin(&lock).unwrap();
+        fs::write(pending.criu_dir().join("x.img"), b"half").unwrap();
+        assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
+        std::mem::forget(pending); // a crash: the temp dir stays
+    }
+    let dir = e.store.container_dir("default", "c1").unwrap();
+    let tmp_count = || fs::read_dir(&dir).unwrap().filter(|d| d.as_ref().unwrap().file_name().to_string_lossy().starts_with(".tmp-")).count();
+    assert_eq!(tmp_count(), 1);
+    assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
+    assert_eq!(tmp_count(), 0, "left-over temp dir not cleaned");
+}
+
+#[test]
+fn a_full_disk_leaves_no_partial_checkpoint() {
+    let e = env();
+    let small = e._tmp.path().join("small");
+    fs::create_dir_all(&small).unwrap();
+    sh(e._tmp.path(), &format!("mount -t tmpfs -o size=2m tmpfs {}", small.display()));
+    let _g = MountGuard(small.clone());
+    let store = Store::new(&small);
+    sh(&e.merged, "head -c 4000000 /dev/urandom > big");
+    let err = fake_checkpoint(&store, &e.upper, &e.lower, None).unwrap_err();
+    assert!(matches!(err, StoreError::DiskFull { .. }), "{err}");
+    assert!(err.to_string().contains("disk full"), "{err}");
+    assert!(store.list("default", "c1").unwrap().is_empty());
+    let leftovers: Vec<_> = fs::read_dir(store.container_dir("default", "c1").unwrap()).unwrap().map(|d| d.unwrap().file_name()).collect();
+    assert_eq!(leftovers, [std::ffi::OsString::from(".lock")], "partial files left: {leftovers:?}");
+    // After freeing space, the next checkpoint works.
+    fs::remove_file(e.merged.join("big")).unwrap();
+    fake_checkpoint(&store, &e.upper, &e.lower, None).unwrap();
+}
+
+#[test]
+fn chains_keep_their_members_until_compacted() {
+    let e = env();
+    sh(&e.merged, "echo 1 > a; mkdir d; echo x > d/x");
+    let c1 = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    sh(&e.merged, "echo 2 > b; rm d/x; rm etc/os");
+    let c2 = fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c1)).unwrap();
+    sh(&e.merged, "echo 3 > c; rm -rf d");
+    let c3 = fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c2)).unwrap();
+    assert_eq!(c3.manifest.fs_chain, [3, 2, 1]);
+    let expected = criu_bridge::tree::snapshot_tree(&e.merged).unwrap();
+
+    let err = e.store.delete("default", "c1", 1).unwrap_err();
+    assert!(matches!(err, StoreError::InChain { seq: 1, needed_by: 2 }), "{err}");
+
+    for seq in [2, 3] {
+        e.store.compact("default", "c1", seq).unwrap();
+    }
+    e.store.delete("default", "c1", 1).unwrap();
+    e.store.delete("default", "c1", 2).unwrap();
+    assert_eq!(e.store.list("default", "c1").unwrap(), [3]);
+    let c3 = e.store.load("default", "c1", 3).unwrap();
+    assert_eq!(c3.manifest.fs_chain, [3]);
+    verify_checkpoint(&e.store, &c3, VerifyLevel::Full).unwrap();
+
+    let tmp = tempfile::tempdir().unwrap();
+    let upper = tmp.path().join("u");
+    let target = tmp.path().join("m");
+    criu_bridge::mount_rootfs(&e.store, &c3, &upper, &tmp.path().join("w"), &target).unwrap();
+    let _g = MountGuard(target.clone());
+    let got = criu_bridge::tree::snapshot_tree(&target).unwrap();
+    let diff = criu_bridge::tree::diff_trees(&expected, &got);
+    assert!(diff.is_empty(), "{diff:#?}");
+}
+
+#[test]
+fn bad_names_are_refused() {
+    let store = Store::new("/nonexistent");
+    for bad in ["", "..", ".hidden", "a/b", "x y"] {
+        assert!(matches!(store.container_dir("default", bad), Err(StoreError::BadName { .. })), "{bad:?}");
+    }
+}
