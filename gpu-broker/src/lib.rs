@@ -6,6 +6,8 @@ pub mod broker;
 pub mod checksum;
 pub mod client;
 pub mod mapping;
+pub mod model;
 pub mod pidfd;
 pub mod seqpacket;
 pub mod wire;
+pub mod worker;
