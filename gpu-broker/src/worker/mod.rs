@@ -150,12 +150,20 @@ fn broker_err(client: &Client, opts: &Options, e: ClientError) -> WorkerError {
         return WorkerError::Fenced(e);
     }
     if e.is_broker_restart() {
-        // Ask again with the instance we knew: a restarted broker says so explicitly.
-        return match Client::connect(&opts.socket, Role::Observer, client.instance) {
-            Err(ClientError::Refused { message, .. }) => WorkerError::BrokerRestarted(message),
-            Err(e) => WorkerError::BrokerRestarted(format!("cannot reconnect: {e}")),
-            Ok(_) => WorkerError::Client(e),
-        };
+        // Ask again with the instance we knew: a restarted broker says so explicitly. A broker
+        // being restarted may take a moment to listen again.
+        let mut last = String::new();
+        for _ in 0..50 {
+            match Client::connect(&opts.socket, Role::Observer, client.instance) {
+                Err(ClientError::Refused { message, .. }) => {
+                    return WorkerError::BrokerRestarted(message);
+                }
+                Err(e) => last = format!("cannot reconnect: {e}"),
+                Ok(_) => return WorkerError::Client(e),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        return WorkerError::BrokerRestarted(last);
     }
     WorkerError::Client(e)
 }
