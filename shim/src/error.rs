@@ -45,17 +45,25 @@ pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<Error> for ttrpc::Error {
+    /// containerd's Go errors carry their kind as a suffix ("…: not found"); so do ours, which
+    /// keeps messages identical to runc-v2's where the cause is the same.
     fn from(e: Error) -> Self {
-        let code = match &e {
+        let (code, kind) = match &e {
             Error::ContainerNotFound(_) | Error::ExecNotFound { .. } | Error::ProcessFinished => {
-                Code::NOT_FOUND
+                (Code::NOT_FOUND, Some("not found"))
             }
-            Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
-            Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
-            Error::InvalidArgument(_) => Code::INVALID_ARGUMENT,
-            Error::Unimplemented(_) => Code::UNIMPLEMENTED,
-            Error::Runc { .. } | Error::Io { .. } | Error::Shim { .. } => Code::UNKNOWN,
+            Error::AlreadyExists(_) => (Code::ALREADY_EXISTS, Some("already exists")),
+            Error::FailedPrecondition(_) => {
+                (Code::FAILED_PRECONDITION, Some("failed precondition"))
+            }
+            Error::InvalidArgument(_) => (Code::INVALID_ARGUMENT, Some("invalid argument")),
+            Error::Unimplemented(_) => (Code::UNIMPLEMENTED, Some("not implemented")),
+            Error::Runc { .. } | Error::Io { .. } | Error::Shim { .. } => (Code::UNKNOWN, None),
         };
-        ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
+        let message = match kind {
+            Some(kind) => format!("{e}: {kind}"),
+            None => e.to_string(),
+        };
+        ttrpc::Error::RpcStatus(ttrpc::get_status(code, message))
     }
 }

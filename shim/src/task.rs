@@ -617,7 +617,13 @@ impl containerd_shim::Task for TaskService {
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> TtrpcResult<Empty> {
         let shared = self.0.get(&req.id)?;
         let c = shared.lock().await;
-        if let Some(pio) = &c.process(&req.exec_id)?.io {
+        let p = c.process(&req.exec_id)?;
+        if p.status == Status::STOPPED {
+            return Err(
+                Error::FailedPrecondition("cannot resize a stopped container".into()).into(),
+            );
+        }
+        if let Some(pio) = &p.io {
             pio.resize(req.width, req.height)?;
         }
         Ok(Empty::new())

@@ -10,9 +10,18 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 const SUITES: &[(&str, &str)] = &[
-    ("env", "environment checkpoint/restore/fork vs replay, containerd and podman"),
-    ("sched", "checkpoint-scheduling simulator: policy vs every-turn, every-k, never"),
-    ("worker", "GPU broker: rollout-worker cold start vs shadow takeover and KV rebuild"),
+    (
+        "env",
+        "environment checkpoint/restore/fork vs replay, containerd and podman",
+    ),
+    (
+        "sched",
+        "checkpoint-scheduling simulator: policy vs every-turn, every-k, never",
+    ),
+    (
+        "worker",
+        "GPU broker: rollout-worker cold start vs shadow takeover and KV rebuild",
+    ),
     ("rollout", "end-to-end rollout with injected failures"),
 ];
 
@@ -52,7 +61,9 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let Some(bin) = find(&suite) else {
-        eprintln!("belayer-bench: belayer-bench-{suite} is not installed beside this binary or on PATH (run scripts/setup)");
+        eprintln!(
+            "belayer-bench: belayer-bench-{suite} is not installed beside this binary or on PATH (run scripts/setup)"
+        );
         return ExitCode::from(2);
     };
     let err = Command::new(&bin).args(args).exec();

@@ -1,0 +1,280 @@
+//! A private containerd for one test: its own root, state, socket and namespace, with the shim
+//! under test first on its PATH. Dropping it kills what it ran and removes what it left.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::prereq;
+
+/// Which containerd the test runs against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// The installed containerd 2.x (`/usr/bin/containerd`).
+    V2,
+    /// containerd 1.7 unpacked beside it by scripts/setup.
+    V1_7,
+}
+
+const V1_7_DIR: &str = "/opt/belayer/containerd-1.7/usr/bin";
+
+/// What a command printed and how it exited.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Out {
+    #[track_caller]
+    pub fn ok(self) -> Self {
+        assert_eq!(self.code, 0, "command failed: {self:?}");
+        self
+    }
+}
+
+/// Runs `cmd` with an optional stdin, under a time limit so a hung command fails the test.
+pub fn run(cmd: &mut Command, stdin: Option<&[u8]>, limit: Duration) -> Out {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    if let Some(data) = stdin {
+        let mut w = child.stdin.take().expect("stdin");
+        let _ = w.write_all(data);
+    }
+    let pid = child.id();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while !done.load(Ordering::Relaxed) {
+                if start.elapsed() > limit {
+                    // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            false
+        })
+    };
+    let out = child.wait_with_output().expect("wait");
+    done.store(true, Ordering::Relaxed);
+    let timed_out = watchdog.join().unwrap_or(false);
+    assert!(!timed_out, "command timed out after {limit:?}: {cmd:?}");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+pub struct Containerd {
+    pub flavor: Flavor,
+    pub dir: PathBuf,
+    pub sock: PathBuf,
+    pub ns: String,
+    bin_dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Containerd {
+    /// Starts a containerd of `flavor` and imports the busybox image.
+    #[track_caller]
+    pub fn start(flavor: Flavor) -> Self {
+        let bin_dir = prereq::bin_dir();
+        prereq::require_bin("runc");
+        match flavor {
+            Flavor::V2 => drop(prereq::require_bin("containerd")),
+            Flavor::V1_7 => {
+                if !Path::new(V1_7_DIR).join("containerd").is_file() {
+                    prereq::missing(
+                        &format!("{V1_7_DIR}/containerd (containerd 1.7)"),
+                        "run scripts/setup",
+                    );
+                }
+            }
+        }
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let dir = PathBuf::from(format!("/tmp/belayer-it-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create test dir");
+        let sock = dir.join("containerd.sock");
+        let version = if flavor == Flavor::V2 { 3 } else { 2 };
+        let config = format!(
+            "version = {version}\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n\
+             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+             [grpc]\n  address = \"{s}\"\n[ttrpc]\n  address = \"{s}.ttrpc\"\n",
+            d = dir.display(),
+            s = sock.display()
+        );
+        std::fs::write(dir.join("config.toml"), config).expect("write config");
+        let mut c = Self {
+            flavor,
+            ns: format!("bt{}x{n}", std::process::id()),
+            dir,
+            sock,
+            bin_dir,
+            child: None,
+        };
+        c.spawn();
+        c.import(&prereq::image("busybox.tar"));
+        c
+    }
+
+    fn path_env(&self) -> String {
+        let mut parts = vec![self.bin_dir.display().to_string()];
+        if self.flavor == Flavor::V1_7 {
+            parts.push(V1_7_DIR.to_string());
+        }
+        parts.push(std::env::var("PATH").unwrap_or_default());
+        parts.join(":")
+    }
+
+    fn binary(&self, name: &str) -> PathBuf {
+        match self.flavor {
+            Flavor::V2 => PathBuf::from(name),
+            Flavor::V1_7 => Path::new(V1_7_DIR).join(name),
+        }
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.join("containerd.log")).expect("log");
+        let child = Command::new(self.binary("containerd"))
+            .arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .env("PATH", self.path_env())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn containerd");
+        self.child = Some(child);
+        let start = Instant::now();
+        while self.ctr(&["version"]).code != 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "containerd did not come up; log:\n{}",
+                std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// containerd's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// Stops containerd (SIGTERM) and starts it again on the same root, state and socket.
+    pub fn restart(&mut self) {
+        self.stop_daemon();
+        self.spawn();
+    }
+
+    fn stop_daemon(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill(2) on our own child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let start = Instant::now();
+            while child.try_wait().ok().flatten().is_none() {
+                if start.elapsed() > Duration::from_secs(10) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// A `ctr` command against this containerd, in its namespace.
+    pub fn ctr_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(self.binary("ctr"));
+        cmd.arg("-a")
+            .arg(&self.sock)
+            .arg("-n")
+            .arg(&self.ns)
+            .args(args);
+        cmd.env("PATH", self.path_env());
+        cmd
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> Out {
+        run(&mut self.ctr_cmd(args), None, Duration::from_secs(120))
+    }
+
+    pub fn ctr_stdin(&self, args: &[&str], input: &[u8]) -> Out {
+        run(
+            &mut self.ctr_cmd(args),
+            Some(input),
+            Duration::from_secs(120),
+        )
+    }
+
+    /// Runs `ctr` under a pseudo-terminal (`script`), for `-t`.
+    pub fn ctr_tty(&self, args: &[&str]) -> Out {
+        let mut line = vec![self.binary("ctr").display().to_string()];
+        line.extend([
+            "-a".into(),
+            self.sock.display().to_string(),
+            "-n".into(),
+            self.ns.clone(),
+        ]);
+        line.extend(args.iter().map(|a| format!("'{a}'")));
+        let mut cmd = Command::new("script");
+        cmd.args(["-qec", &line.join(" "), "/dev/null"])
+            .env("PATH", self.path_env());
+        run(&mut cmd, None, Duration::from_secs(120))
+    }
+
+    #[track_caller]
+    pub fn import(&self, archive: &Path) {
+        self.ctr(&["images", "import", &archive.display().to_string()])
+            .ok();
+    }
+
+    /// Pids of shims this containerd started (any runtime).
+    pub fn shim_pids(&self) -> Vec<u32> {
+        crate::leaks::pids_with_args(&["-address", &self.sock.display().to_string()])
+    }
+
+    /// Kills and deletes every task and container in the namespace.
+    pub fn reset(&self) {
+        for line in self.ctr(&["tasks", "ls", "-q"]).stdout.lines() {
+            let _ = self.ctr(&["tasks", "kill", "-s", "9", line]);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        for line in self.ctr(&["tasks", "ls", "-q"]).stdout.lines() {
+            let _ = self.ctr(&["tasks", "rm", "-f", line]);
+        }
+        for line in self.ctr(&["containers", "ls", "-q"]).stdout.lines() {
+            let _ = self.ctr(&["containers", "rm", line]);
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.reset();
+        }
+        self.stop_daemon();
+        for pid in self.shim_pids() {
+            // SAFETY: kill(2) on a leftover shim of this test's containerd.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        crate::leaks::unmount_under(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

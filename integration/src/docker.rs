@@ -1,0 +1,98 @@
+//! A private dockerd on top of a test's containerd, with its own data root and socket.
+
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use crate::containerd::{Containerd, Out, run};
+use crate::prereq;
+
+pub struct Docker {
+    pub host: String,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl Docker {
+    /// Starts dockerd against `containerd` and imports the busybox rootfs as `belayer/busybox`.
+    #[track_caller]
+    pub fn start(containerd: &Containerd) -> Self {
+        prereq::require_bin("dockerd");
+        prereq::require_bin("docker");
+        let dir = containerd.dir.join("docker");
+        std::fs::create_dir_all(&dir).expect("docker dir");
+        let host = format!("unix://{}/docker.sock", dir.display());
+        let log = std::fs::File::create(dir.join("dockerd.log")).expect("log");
+        let child = Command::new("dockerd")
+            .args(["--data-root", &format!("{}/data", dir.display())])
+            .args(["--exec-root", &format!("{}/exec", dir.display())])
+            .args(["--pidfile", &format!("{}/dockerd.pid", dir.display())])
+            .args([
+                "-H",
+                &host,
+                "--containerd",
+                &containerd.sock.display().to_string(),
+            ])
+            .args(["--iptables=false", "--ip6tables=false", "--bridge=none"])
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}",
+                    prereq::bin_dir().display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn dockerd");
+        let d = Self { host, dir, child };
+        let start = Instant::now();
+        while d.docker(&["version"]).code != 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "dockerd did not come up; log:\n{}",
+                std::fs::read_to_string(d.dir.join("dockerd.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let rootfs = prereq::image("busybox.rootfs.tar");
+        d.docker(&["import", &rootfs.display().to_string(), "belayer/busybox"])
+            .ok();
+        d
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("docker");
+        cmd.env("DOCKER_HOST", &self.host).args(args);
+        cmd
+    }
+
+    pub fn docker(&self, args: &[&str]) -> Out {
+        run(&mut self.cmd(args), None, Duration::from_secs(120))
+    }
+
+    pub fn docker_stdin(&self, args: &[&str], input: &[u8]) -> Out {
+        run(&mut self.cmd(args), Some(input), Duration::from_secs(120))
+    }
+}
+
+impl Drop for Docker {
+    fn drop(&mut self) {
+        let ids = self.docker(&["ps", "-aq"]).stdout;
+        for id in ids.lines() {
+            let _ = self.docker(&["rm", "-f", id]);
+        }
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let start = Instant::now();
+        while self.child.try_wait().ok().flatten().is_none()
+            && start.elapsed() < Duration::from_secs(15)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        crate::leaks::unmount_under(&self.dir);
+    }
+}

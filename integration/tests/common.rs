@@ -1,0 +1,86 @@
+//! Helpers shared by the end-to-end suites.
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use belayer_integration::{Containerd, Out};
+
+pub const BELAYER: &str = "io.containerd.belayer.v1";
+pub const RUNC: &str = "io.containerd.runc.v2";
+pub const BUSYBOX: &str = "belayer.local/busybox:latest";
+
+/// Lines of a command's output with what legitimately differs between runs removed: log
+/// timestamps, the container id, terminal carriage returns and NULs (`script` prints `^@`), and
+/// ctr's log of a terminal resize that raced with the process's exit.
+pub fn normalize(text: &str, id: &str) -> Vec<String> {
+    text.replace(['\r', '\0'], "")
+        .replace("^@", "")
+        .lines()
+        .map(|l| {
+            let l = match l.find("level=") {
+                Some(i) if l.starts_with("time=") => &l[i..],
+                _ => l,
+            };
+            l.replace(id, "ID")
+        })
+        .filter(|l| !l.trim().is_empty() && !l.contains("resize pty"))
+        .collect()
+}
+
+/// An observation of one command: its exit code and normalized output.
+pub fn observe(label: &str, out: &Out, id: &str) -> Vec<String> {
+    let mut v = vec![format!("{label}: code={}", out.code)];
+    v.extend(
+        normalize(&out.stdout, id)
+            .into_iter()
+            .map(|l| format!("{label} out: {l}")),
+    );
+    v.extend(
+        normalize(&out.stderr, id)
+            .into_iter()
+            .map(|l| format!("{label} err: {l}")),
+    );
+    v
+}
+
+/// The status column of `ctr tasks ls` for `id`.
+pub fn task_status(c: &Containerd, id: &str) -> String {
+    c.ctr(&["tasks", "ls"])
+        .stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(id))
+        .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .unwrap_or_else(|| "ABSENT".into())
+}
+
+/// Polls until `f` holds, at most `limit`.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
+
+/// Starts a detached container running `args`.
+#[track_caller]
+pub fn run_detached(c: &Containerd, runtime: &str, id: &str, args: &[&str]) {
+    let mut a = vec!["run", "-d", "--runtime", runtime, BUSYBOX, id];
+    a.extend_from_slice(args);
+    c.ctr(&a).ok();
+}
+
+/// Kills and removes a task and its container, asserting each step works.
+#[track_caller]
+pub fn remove(c: &Containerd, id: &str) {
+    let _ = c.ctr(&["tasks", "kill", "-s", "9", id]);
+    assert!(
+        wait_until(Duration::from_secs(10), || task_status(c, id) == "STOPPED"),
+        "{id} did not stop"
+    );
+    c.ctr(&["tasks", "rm", id]).ok();
+    c.ctr(&["containers", "rm", id]).ok();
+}
