@@ -43,7 +43,8 @@ pub struct SchedulerConfig {
     /// Quantile of the idle-gap distribution taken as the predicted gap; low is conservative.
     /// Default 0.1.
     pub gap_quantile: f64,
-    /// How many of the most recent gaps are kept, per container and node-wide. Default 64.
+    /// How many of the most recent gaps are kept, per container and node-wide (at most 512).
+    /// Default 64.
     pub gap_window: usize,
     /// Gap assumed, in seconds, before the node has observed any. Default 2.0.
     pub prior_gap_s: f64,
@@ -52,6 +53,10 @@ pub struct SchedulerConfig {
     pub prior_weight: f64,
     /// Fraction of an `llm-start` hint's expected duration that is trusted. Default 0.8.
     pub hint_trust: f64,
+    /// Once a container has sent an `llm-start` hint with an expected duration, take a gap in
+    /// which none arrives as a follow-up action with no model call (remaining gap zero).
+    /// Default true.
+    pub trust_hint_silence: bool,
     /// Decode rate used to turn an `llm-start` hint's expected tokens into time. Default 50.0.
     pub tokens_per_s: f64,
     /// Checkpoint now when `predicted gap ≥ cost_margin × predicted cost + margin_s`.
@@ -87,6 +92,7 @@ impl Default for SchedulerConfig {
             prior_gap_s: 2.0,
             prior_weight: 4.0,
             hint_trust: 0.8,
+            trust_hint_silence: true,
             tokens_per_s: 50.0,
             cost_margin: 1.25,
             margin_s: 0.1,

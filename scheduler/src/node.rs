@@ -100,8 +100,10 @@ impl NodeScheduler {
 
     /// Forgets a container (deleted); returns its permit if it had a checkpoint in flight.
     pub fn remove_container(&mut self, id: &str) {
-        if let Some(c) = self.containers.remove(id)
-            && c.in_flight.is_some()
+        if self
+            .containers
+            .remove(id)
+            .is_some_and(|c| c.in_flight.is_some())
         {
             self.in_flight -= 1;
         }
@@ -164,7 +166,18 @@ impl NodeScheduler {
             permits_free,
             reserved_for_force,
         };
-        let decision = policy::decide(&input, &self.cfg);
+        let mut decision = policy::decide(&input, &self.cfg);
+        if let Decision::Defer {
+            reason: DeferReason::GapTooShort { recheck_at, .. },
+        } = &mut decision
+        {
+            let needed = self.cfg.cost_margin * cost.upper_s + self.cfg.margin_s;
+            *recheck_at = self.containers.get(id).and_then(|c| {
+                c.gaps
+                    .recheck_at(ts, needed, &self.node_gaps, &self.cfg)
+                    .map(Duration::from_secs_f64)
+            });
+        }
         let c = self.container(id, ts);
         c.pending_force = matches!(
             decision,
@@ -274,13 +287,9 @@ impl NodeScheduler {
 
     /// Predicted remaining idle time of `id` at `t` (the node prior for unknown containers).
     pub fn predict_gap(&self, id: &str, t: Duration) -> GapPrediction {
-        let node = self
-            .node_gaps
-            .quantile(self.cfg.gap_quantile)
-            .unwrap_or(self.cfg.prior_gap_s);
         match self.containers.get(id) {
-            Some(c) => c.gaps.predict(secs(t), node, &self.cfg),
-            None => GapTracker::new(1).predict(secs(t), node, &self.cfg),
+            Some(c) => c.gaps.predict(secs(t), &self.node_gaps, &self.cfg),
+            None => GapTracker::new(1).predict(secs(t), &self.node_gaps, &self.cfg),
         }
     }
 

@@ -1,6 +1,8 @@
 //! The decision rule at an action boundary, as a pure function of the predictions and the
 //! container's and node's state.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 use crate::config::SchedulerConfig;
@@ -45,6 +47,10 @@ pub enum DeferReason {
         gap_s: f64,
         /// Predicted (conservative) cost, seconds.
         cost_s: f64,
+        /// When the prediction will cover the cost if the container stays idle until then (a
+        /// gap that outlasts the short mode is likely a long one): call `decide` again at that
+        /// time. Filled by [`NodeScheduler::decide`](crate::NodeScheduler::decide).
+        recheck_at: Option<Duration>,
     },
     /// No node-wide permit is free (or the free ones are reserved for forced checkpoints).
     NodeBusy {
@@ -107,6 +113,7 @@ pub fn decide(input: &PolicyInput, cfg: &SchedulerConfig) -> Decision {
         return defer(DeferReason::GapTooShort {
             gap_s: input.gap.remaining_s,
             cost_s: input.cost.upper_s,
+            recheck_at: None,
         });
     }
     if input.permits_free > input.reserved_for_force {

@@ -47,16 +47,37 @@ impl QuantileWindow {
     /// The `q`-quantile (q clamped to [0, 1]) of the held samples: the order statistic at index
     /// `⌊q·(n−1)⌋`. `None` while empty.
     pub fn quantile(&self, q: f64) -> Option<f64> {
-        if self.samples.is_empty() {
-            return None;
-        }
-        let mut v: Vec<f64> = self.samples.iter().copied().collect();
-        let q = if q.is_nan() { 0.0 } else { q.clamp(0.0, 1.0) };
-        // Truncation is the point: the lower order statistic.
-        let k = ((q * (v.len() - 1) as f64).floor() as usize).min(v.len() - 1);
-        let (_, x, _) = v.select_nth_unstable_by(k, f64::total_cmp);
-        Some(*x)
+        lower_quantile(self.samples.iter().copied().collect(), q)
     }
+
+    /// The `q`-quantile of `x − elapsed` over the samples `x > elapsed`, with how many there
+    /// are: the remaining gap given that it has lasted `elapsed` so far. `None` if none is above.
+    pub fn conditional_quantile(&self, q: f64, elapsed: f64) -> Option<(f64, usize)> {
+        let v: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|&&x| x > elapsed)
+            .map(|&x| x - elapsed)
+            .collect();
+        let n = v.len();
+        lower_quantile(v, q).map(|x| (x, n))
+    }
+
+    /// The held samples, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = f64> + '_ {
+        self.samples.iter().copied()
+    }
+}
+
+fn lower_quantile(mut v: Vec<f64>, q: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let q = if q.is_nan() { 0.0 } else { q.clamp(0.0, 1.0) };
+    // Truncation is the point: the lower order statistic.
+    let k = ((q * (v.len() - 1) as f64).floor() as usize).min(v.len() - 1);
+    let (_, x, _) = v.select_nth_unstable_by(k, f64::total_cmp);
+    Some(*x)
 }
 
 #[cfg(test)]
@@ -80,6 +101,17 @@ mod tests {
         assert_eq!(w.quantile(0.25), Some(2.0));
         assert_eq!(w.quantile(0.5), Some(3.0));
         assert_eq!(w.quantile(1.0), Some(5.0));
+    }
+
+    #[test]
+    fn conditional_on_survival() {
+        let mut w = QuantileWindow::new(10);
+        for x in [0.1, 0.2, 0.1, 8.0, 10.0, 12.0] {
+            w.push(x);
+        }
+        assert_eq!(w.quantile(0.1), Some(0.1));
+        assert_eq!(w.conditional_quantile(0.0, 0.5), Some((7.5, 3)));
+        assert_eq!(w.conditional_quantile(0.0, 12.0), None);
     }
 
     #[test]
