@@ -278,3 +278,15 @@ impl Drop for Containerd {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+impl Containerd {
+    /// Pids of shims still running for namespace `ns` of this containerd.
+    pub fn ns_shims_of(&self, ns: &str) -> Vec<u32> {
+        let sock = self.sock.display().to_string();
+        let of_ns = crate::leaks::pids_with_args(&["-namespace", ns]);
+        self.shim_pids()
+            .into_iter()
+            .filter(|p| of_ns.contains(p) && !sock.is_empty())
+            .collect()
+    }
+}

@@ -157,7 +157,6 @@ impl Container {
         if let Some(rootfs) = &self.mounted_rootfs {
             unmount_rootfs(rootfs);
         }
-        crate::stdio::release_stdin_fifo(&self.init.paths.stdin);
         let _ = std::fs::remove_file(self.bundle.join("init.pid"));
     }
 }

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -162,22 +162,40 @@ fn spawn_copy(mut from: File, mut to: File) -> oneshot::Receiver<()> {
     rx
 }
 
-/// Copies containerd's stdin FIFO into `sink` until EOF or until `sink` is taken away.
+/// Copies containerd's stdin FIFO into `sink` until EOF or until `sink` is taken away (the
+/// process exited, or containerd asked to close stdin).
+///
+/// The FIFO is opened non-blocking and polled: a blocking open would wait forever for a writer
+/// that never comes (a client that closed its side before the shim opened). Linux reports POLLHUP
+/// on a FIFO only once a writer has come and gone, so polling waits for the first writer.
 fn spawn_stdin(path: String, sink: Arc<Mutex<Option<File>>>) {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let taken =
+        |sink: &Arc<Mutex<Option<File>>>| sink.lock().unwrap_or_else(|e| e.into_inner()).is_none();
     std::thread::spawn(move || {
-        // Blocks until containerd opens the write side.
         let Ok(mut fifo) = OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_CLOEXEC)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
             .open(&path)
         else {
             return;
         };
         let mut buf = vec![0u8; 32 * 1024];
-        loop {
+        while !taken(&sink) {
+            let mut fds = [PollFd::new(fifo.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::from(200u16)) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(_) => break,
+            }
             let n = match fifo.read(&mut buf) {
-                Ok(0) | Err(_) => break,
+                Ok(0) => break,
                 Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
             };
             let mut guard = sink.lock().unwrap_or_else(|e| e.into_inner());
             let written = guard.as_mut().map(|w| w.write_all(&buf[..n]).is_ok());
@@ -275,13 +293,9 @@ async fn futures_join(rxs: Vec<oneshot::Receiver<()>>) {
     }
 }
 
-/// Unblocks a copier still waiting for containerd to open a stdin FIFO that it never will.
-pub fn release_stdin_fifo(path: &str) {
-    if path.is_empty() || !Path::new(path).exists() {
-        return;
+impl Drop for ProcessIo {
+    /// The process is gone or never started: stop feeding its stdin.
+    fn drop(&mut self) {
+        self.close_stdin();
     }
-    let _ = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path);
 }

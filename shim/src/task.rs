@@ -248,10 +248,7 @@ impl Inner {
         let _ = std::fs::remove_file(spec_path.with_extension("pid"));
         let (pid, pio) = match started {
             Ok(s) => s,
-            Err(e) => {
-                crate::stdio::release_stdin_fifo(&paths.stdin);
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         };
         let p = c.process_mut(&req.exec_id)?;
         p.pid = pid;
