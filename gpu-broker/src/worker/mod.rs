@@ -17,6 +17,7 @@ use crate::wire::{RegionKind, Role};
 pub mod engine;
 pub mod events;
 pub mod jobs;
+pub mod measure;
 pub mod weights;
 
 use engine::{Engine, Req};
