@@ -17,13 +17,23 @@ impl Docker {
     /// Starts dockerd against `containerd` and imports the busybox rootfs as `belayer/busybox`.
     #[track_caller]
     pub fn start(containerd: &Containerd) -> Self {
+        Self::start_with_config(containerd, None)
+    }
+
+    /// Like [`Docker::start`], with a `daemon.json`.
+    #[track_caller]
+    pub fn start_with_config(containerd: &Containerd, config: Option<&std::path::Path>) -> Self {
         prereq::require_bin("dockerd");
         prereq::require_bin("docker");
         let dir = containerd.dir.join("docker");
         std::fs::create_dir_all(&dir).expect("docker dir");
         let host = format!("unix://{}/docker.sock", dir.display());
         let log = std::fs::File::create(dir.join("dockerd.log")).expect("log");
-        let child = Command::new("dockerd")
+        let mut cmd = Command::new("dockerd");
+        if let Some(config) = config {
+            cmd.arg("--config-file").arg(config);
+        }
+        let child = cmd
             .args(["--data-root", &format!("{}/data", dir.display())])
             .args(["--exec-root", &format!("{}/exec", dir.display())])
             .args(["--pidfile", &format!("{}/dockerd.pid", dir.display())])
