@@ -49,7 +49,7 @@ plot.svg to --out.
   --failures-per-h F      Poisson failure rate per container-hour (default 2)
   --trace FILE            replay a trace file (format: scheduler/README.md) instead of synthetic
   --write-trace FILE      write the simulated episodes as a trace file
-  --out DIR               output directory (default bench-out/sched)
+  --out DIR               output directory (default target/belayer-bench/sched)
   --config FILE           scheduler config, JSON (default: built-in defaults)
   --max-concurrent N      override the config's node-wide checkpoint limit
 synthetic shape:
@@ -75,7 +75,7 @@ impl Default for Args {
             failures_per_h: 2.0,
             trace: None,
             write_trace: None,
-            out: PathBuf::from("bench-out/sched"),
+            out: PathBuf::from("target/belayer-bench/sched"),
             config: None,
             max_concurrent: None,
             shape: Shape::default(),
@@ -91,6 +91,9 @@ pub fn parse(argv: &[String]) -> Result<Option<Args>, String> {
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
             return Ok(None);
+        }
+        if !USAGE.contains(&format!("{flag} ")) || !flag.starts_with("--") {
+            return Err(format!("unknown flag {flag}"));
         }
         let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         let s = &mut a.shape;
@@ -169,7 +172,8 @@ mod tests {
         assert!(p("--help").unwrap().is_none());
         assert!(p("--seed").is_err());
         assert!(p("--k 0").is_err());
-        assert!(p("--bogus 1").is_err());
+        assert_eq!(p("--bogus").unwrap_err(), "unknown flag --bogus");
+        assert_eq!(p("--seed").unwrap_err(), "--seed needs a value");
         assert!(p("--turns-min 50 --turns-max 10").is_err());
     }
 }
