@@ -208,7 +208,9 @@ impl Runc {
     fn command(&self) -> Command {
         let mut c = Command::new(&self.binary);
         c.arg("--root").arg(&self.root).arg("--criu").arg(&self.criu);
-        c.stdin(Stdio::null());
+        // Every stdio is set explicitly, so a custom [`Spawner`] (which cannot read a
+        // `Command`'s stdio back) captures exactly what `Command::output` would.
+        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         c
     }
 
