@@ -15,139 +15,17 @@ use scheduler::{
     SchedulerConfig,
 };
 
+mod machine;
+mod outcome;
+mod policy;
+
+pub use machine::TrueCost;
+pub use outcome::Outcome;
+pub use policy::Policy;
+
 use crate::rng::{Rng, mix};
 use crate::trace::Episode;
-
-const GIB: f64 = (1u64 << 30) as f64;
-
-/// A checkpoint policy under comparison.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Policy {
-    /// The scheduler crate's policy; with or without the agent loop's hints.
-    Belayer {
-        /// Whether `llm-start`/`llm-end` hints are sent.
-        hints: bool,
-    },
-    /// A checkpoint after every `k`-th action.
-    Every {
-        /// Period in actions.
-        k: u32,
-        /// Synchronous (the agent waits) or in the gap (skipped when no permit is free).
-        sync: bool,
-    },
-    /// No checkpoints.
-    Never,
-}
-
-impl Policy {
-    /// Its name in tables and plots.
-    pub fn name(&self) -> String {
-        match *self {
-            Policy::Belayer { hints: false } => "belayer".into(),
-            Policy::Belayer { hints: true } => "belayer+hints".into(),
-            Policy::Every { k: 1, sync: true } => "every-turn".into(),
-            Policy::Every { k: 1, sync: false } => "every-turn-async".into(),
-            Policy::Every { k, sync: true } => format!("every-{k}"),
-            Policy::Every { k, sync: false } => format!("every-{k}-async"),
-            Policy::Never => "never".into(),
-        }
-    }
-}
-
-/// The simulated machine's true checkpoint cost, unknown to the policy.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct TrueCost {
-    /// Fixed seconds per checkpoint.
-    pub intercept_s: f64,
-    /// Seconds per GiB dirtied since the last checkpoint.
-    pub s_per_gib_dirty: f64,
-    /// Seconds per GiB resident.
-    pub s_per_gib_resident: f64,
-    /// Seconds per GiB of files changed since the last checkpoint.
-    pub s_per_gib_fs: f64,
-    /// Log-space σ of multiplicative noise.
-    pub noise_sigma: f64,
-    /// Slow-down per other checkpoint running at the same time (shared disk and cores).
-    pub contention: f64,
-}
-
-impl Default for TrueCost {
-    fn default() -> Self {
-        Self {
-            intercept_s: 0.4,
-            s_per_gib_dirty: 1.0,
-            s_per_gib_resident: 0.5,
-            s_per_gib_fs: 2.0,
-            noise_sigma: 0.2,
-            contention: 0.5,
-        }
-    }
-}
-
-impl TrueCost {
-    fn seconds(&self, fp: &Footprint, others: u32, rng: &mut Rng) -> f64 {
-        let gib = |b: u64| b as f64 / GIB;
-        let base = self.intercept_s
-            + self.s_per_gib_dirty * gib(fp.dirty_bytes)
-            + self.s_per_gib_resident * gib(fp.resident_bytes)
-            + self.s_per_gib_fs * gib(fp.fs_changed_bytes);
-        base * rng.lognormal(1.0, self.noise_sigma) * (1.0 + self.contention * f64::from(others))
-    }
-}
-
-/// Totals of one run; add runs up with [`Outcome::add`].
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Outcome {
-    /// Episodes.
-    pub episodes: u64,
-    /// Actions executed.
-    pub actions: u64,
-    /// Σ of gaps and actions: the episodes' length with no checkpointing, seconds.
-    pub base_s: f64,
-    /// Time the agent loops waited for checkpoints, seconds.
-    pub visible_s: f64,
-    /// Σ of episode wall times, seconds (container-time exposed to failures).
-    pub exposure_s: f64,
-    /// ∫ over exposure of the work a failure at that instant loses, seconds².
-    pub lost_integral: f64,
-    /// Failures sampled (Poisson).
-    pub failures: u64,
-    /// Work they lost, seconds.
-    pub failure_lost_s: f64,
-    /// Checkpoints taken.
-    pub checkpoints: u64,
-    /// Of which forced by the risk bound.
-    pub forced: u64,
-    /// Σ of checkpoint durations, seconds.
-    pub checkpoint_s: f64,
-}
-
-impl Outcome {
-    /// Adds `o` into `self`.
-    pub fn add(&mut self, o: &Outcome) {
-        self.episodes += o.episodes;
-        self.actions += o.actions;
-        self.base_s += o.base_s;
-        self.visible_s += o.visible_s;
-        self.exposure_s += o.exposure_s;
-        self.lost_integral += o.lost_integral;
-        self.failures += o.failures;
-        self.failure_lost_s += o.failure_lost_s;
-        self.checkpoints += o.checkpoints;
-        self.forced += o.forced;
-        self.checkpoint_s += o.checkpoint_s;
-    }
-
-    /// Visible overhead, percent of the checkpoint-free length.
-    pub fn overhead_pct(&self) -> f64 {
-        100.0 * self.visible_s / self.base_s.max(1e-9)
-    }
-
-    /// Expected work lost per failure, seconds (failure instant uniform over exposure).
-    pub fn lost_per_failure_s(&self) -> f64 {
-        self.lost_integral / self.exposure_s.max(1e-9)
-    }
-}
+use outcome::{lost_integral, state_at};
 
 /// Parameters of a run besides the policy.
 #[derive(Debug, Clone)]
@@ -512,30 +390,6 @@ impl<'a> Sim<'a> {
     }
 }
 
-/// The state a restore at `u` returns to: the newest completed checkpoint's, else the start.
-fn state_at(start: f64, u: f64, done: &[(f64, f64)]) -> f64 {
-    done.iter()
-        .filter(|&&(_, d)| d <= u)
-        .map(|&(s, _)| s)
-        .fold(start, f64::max)
-}
-
-/// ∫ from `start` to `end` of (u − state_at(u)) du.
-fn lost_integral(start: f64, end: f64, done: &[(f64, f64)]) -> f64 {
-    let mut by_done: Vec<(f64, f64)> = done.iter().copied().filter(|&(_, d)| d < end).collect();
-    by_done.sort_by(|a, b| a.1.total_cmp(&b.1));
-    let (mut a, mut s, mut total) = (start, start, 0.0);
-    let seg = |a: f64, b: f64, s: f64| ((b - s).powi(2) - (a - s).powi(2)) / 2.0;
-    for (state, d) in by_done {
-        if d > a {
-            total += seg(a, d, s);
-            a = d;
-        }
-        s = s.max(state);
-    }
-    total + seg(a, end.max(a), s)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -568,16 +422,6 @@ mod tests {
             failures_per_h: 0.0,
             seed: 1,
         }
-    }
-
-    #[test]
-    fn lost_integral_by_hand() {
-        // No checkpoint over [0, 10]: ∫u du = 50.
-        assert_eq!(lost_integral(0.0, 10.0, &[]), 50.0);
-        // Checkpoint of the state at 4, done at 5: ∫0..5 u du + ∫5..10 (u−4) du = 12.5 + 17.5.
-        assert_eq!(lost_integral(0.0, 10.0, &[(4.0, 5.0)]), 30.0);
-        assert_eq!(state_at(0.0, 4.5, &[(4.0, 5.0)]), 0.0);
-        assert_eq!(state_at(0.0, 5.5, &[(4.0, 5.0)]), 4.0);
     }
 
     #[test]
@@ -641,5 +485,37 @@ mod tests {
         );
         assert_eq!(o.visible_s, 0.0);
         assert!(o.checkpoints >= 4, "{o:?}");
+    }
+
+    #[test]
+    fn synthetic_nodes_order_the_policies_as_expected() {
+        let cfg = SchedulerConfig::default();
+        let truth = TrueCost::default();
+        let total = |p: Policy| {
+            let mut o = Outcome::default();
+            for n in 0..8 {
+                let eps = crate::synth::node(3, n, 4, &crate::synth::Shape::default());
+                o.add(&run(
+                    &eps,
+                    p,
+                    &Setup {
+                        seed: n,
+                        ..setup(&cfg, &truth)
+                    },
+                ));
+            }
+            o
+        };
+        let hints = total(Policy::Belayer { hints: true });
+        let plain = total(Policy::Belayer { hints: false });
+        let sync = total(Policy::Every { k: 1, sync: true });
+        let asyn = total(Policy::Every { k: 1, sync: false });
+        let never = total(Policy::Never);
+        assert!(hints.overhead_pct() < asyn.overhead_pct());
+        assert!(plain.overhead_pct() < asyn.overhead_pct());
+        assert!(asyn.overhead_pct() < sync.overhead_pct());
+        assert!(plain.lost_per_failure_s() < never.lost_per_failure_s() / 5.0);
+        assert!(hints.lost_per_failure_s() < 1.5 * sync.lost_per_failure_s());
+        assert_eq!(never.checkpoints, 0);
     }
 }
