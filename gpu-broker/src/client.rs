@@ -135,11 +135,12 @@ impl Client {
             pid: 0,
             epoch: Arc::new(AtomicU64::new(0)),
         };
-        match c.call(&Msg::Hello {
-            role,
-            known_instance,
-        })?
-        .0
+        match c
+            .call(&Msg::Hello {
+                role,
+                known_instance,
+            })?
+            .0
         {
             Msg::HelloOk {
                 instance,

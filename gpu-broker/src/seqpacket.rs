@@ -83,10 +83,11 @@ impl Listener {
     /// Accepts one pending connection, `None` when none is pending.
     pub fn accept(&self) -> Result<Option<Conn>, SocketError> {
         match socket::accept4(self.fd.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
-            // SAFETY: accept4 returned a fresh fd that nothing else owns.
-            Ok(fd) => Ok(Some(Conn {
-                fd: unsafe { OwnedFd::from_raw_fd(fd) },
-            })),
+            Ok(fd) => {
+                // SAFETY: accept4 returned a fresh fd that nothing else owns.
+                let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+                Ok(Some(Conn { fd }))
+            }
             Err(Errno::EAGAIN) => Ok(None),
             Err(e) => Err(sys("accept", "")(e)),
         }
@@ -191,7 +192,9 @@ impl Conn {
                 }
             }
             let n = msg.bytes;
-            let truncated = msg.flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
+            let truncated = msg
+                .flags
+                .intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC);
             if n == 0 && fds.is_empty() {
                 return Err(SocketError::Closed);
             }

@@ -43,7 +43,9 @@ fn logits_match_candle_quantized_llama() {
     };
     let tables = vec![vec![0u32, 1, 2, 3]];
     // A chat-shaped prompt (special tokens 1 and 2 around ordinary ids), then decode steps.
-    let prompt: Vec<u32> = vec![1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198];
+    let prompt: Vec<u32> = vec![
+        1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
+    ];
 
     let dev = Device::Cpu;
     let mut f = std::fs::File::open(&path).unwrap();
@@ -55,7 +57,10 @@ fn logits_match_candle_quantized_llama() {
         let scale = b.iter().fold(1f32, |m, x| m.max(x.abs()));
         let d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         worst = worst.max(d / scale);
-        assert!(d <= TOL * scale, "position {pos}: max |Δlogit| {d} > {TOL}·{scale}");
+        assert!(
+            d <= TOL * scale,
+            "position {pos}: max |Δlogit| {d} > {TOL}·{scale}"
+        );
         assert_eq!(argmax(a), argmax(b), "position {pos}: argmax differs");
     };
 
@@ -71,8 +76,17 @@ fn logits_match_candle_quantized_llama() {
         })
         .collect();
     let a = ours.forward(&mut kv, &tables, &rows).pop().unwrap();
-    let input = Tensor::new(prompt.as_slice(), &dev).unwrap().unsqueeze(0).unwrap();
-    let b: Vec<f32> = theirs.forward(&input, 0).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+    let input = Tensor::new(prompt.as_slice(), &dev)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let b: Vec<f32> = theirs
+        .forward(&input, 0)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
     check(&a, &b, prompt.len() - 1);
 
     // Decode: feed the argmax token by token through both KV caches.
@@ -80,11 +94,26 @@ fn logits_match_candle_quantized_llama() {
     for step in 0..12 {
         let pos = prompt.len() + step;
         let a = ours
-            .forward(&mut kv, &tables, &[Row { seq: 0, pos, token: next, logits: true }])
+            .forward(
+                &mut kv,
+                &tables,
+                &[Row {
+                    seq: 0,
+                    pos,
+                    token: next,
+                    logits: true,
+                }],
+            )
             .pop()
             .unwrap();
         let input = Tensor::new(&[next], &dev).unwrap().unsqueeze(0).unwrap();
-        let b: Vec<f32> = theirs.forward(&input, pos).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+        let b: Vec<f32> = theirs
+            .forward(&input, pos)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
         check(&a, &b, pos);
         next = argmax(&a);
     }

@@ -10,7 +10,16 @@ use std::time::Duration;
 use common::*;
 use gpu_broker::worker::jobs::Results;
 
-const JOBS: &[&str] = &["--requests", "4", "--prompt-len", "200", "--max-new", "24", "--mode", "mixed"];
+const JOBS: &[&str] = &[
+    "--requests",
+    "4",
+    "--prompt-len",
+    "200",
+    "--max-new",
+    "24",
+    "--mode",
+    "mixed",
+];
 const LONG: Duration = Duration::from_secs(240);
 
 fn baseline() -> &'static Results {
@@ -19,7 +28,12 @@ fn baseline() -> &'static Results {
         let d = Dir::new("baseline");
         let _b = broker(&d.0, &[]);
         let mut p = worker(&d.0, "primary", "base.json", JOBS, &[]);
-        assert_eq!(p.wait_exit(LONG), 0, "baseline worker failed: {}", p.stderr_text());
+        assert_eq!(
+            p.wait_exit(LONG),
+            0,
+            "baseline worker failed: {}",
+            p.stderr_text()
+        );
         let r = results(&d.0, "base.json");
         assert_eq!(r.requests.len(), 4);
         assert!(r.requests.iter().all(|(_, t)| t.len() == 24));
@@ -38,11 +52,18 @@ fn sigkilled_primary_is_replaced_by_shadow_with_identical_tokens() {
     wait_generated(&d.0, 1, 6, LONG);
     p.signal(libc::SIGKILL);
     assert_eq!(s.wait_exit(LONG), 0, "shadow failed: {}", s.stderr_text());
-    assert_eq!(&results(&d.0, "s.json"), base, "tokens after takeover differ from the failure-free run");
+    assert_eq!(
+        &results(&d.0, "s.json"),
+        base,
+        "tokens after takeover differ from the failure-free run"
+    );
     let g = s.event("granted").unwrap();
     assert_eq!(g["takeover"], true);
     assert_eq!(g["weights_ok"], true);
-    assert!(s.event("cold_load").is_none(), "the shadow must reuse the broker's weights");
+    assert!(
+        s.event("cold_load").is_none(),
+        "the shadow must reuse the broker's weights"
+    );
     let r = s.event("rebuilt").unwrap();
     assert_eq!(r["requests"], 4);
     assert!(r["tokens"].as_u64().unwrap() >= 4 * 206);
@@ -86,7 +107,10 @@ fn corrupted_weights_are_refused_and_the_successor_cold_loads() {
     p.signal(libc::SIGKILL);
     assert_eq!(s.wait_exit(LONG), 0, "shadow failed: {}", s.stderr_text());
     assert_eq!(s.event("granted").unwrap()["weights_ok"], false);
-    assert!(s.event("cold_load").is_some(), "the successor must cold load");
+    assert!(
+        s.event("cold_load").is_some(),
+        "the successor must cold load"
+    );
     assert_eq!(&results(&d.0, "s.json"), base);
     assert_eq!(status(&d.0).weights_refused, 1);
 }
@@ -96,9 +120,18 @@ fn sealed_weights_cannot_be_scribbled_on() {
     model();
     let d = Dir::new("sealed");
     let _b = broker(&d.0, &[]);
-    let mut p = worker(&d.0, "primary", "p.json", &["--requests", "1", "--prompt-len", "8", "--max-new", "4"], &["--scribble-after", "1"]);
+    let mut p = worker(
+        &d.0,
+        "primary",
+        "p.json",
+        &["--requests", "1", "--prompt-len", "8", "--max-new", "4"],
+        &["--scribble-after", "1"],
+    );
     let e = p.wait_event("scribbled", LONG);
-    assert_eq!(e["ok"], false, "a write-sealed region must refuse a writable mapping: {e}");
+    assert_eq!(
+        e["ok"], false,
+        "a write-sealed region must refuse a writable mapping: {e}"
+    );
 }
 
 #[test]
@@ -106,7 +139,13 @@ fn restarted_broker_gives_workers_a_clear_error() {
     model();
     let d = Dir::new("restart");
     let b = broker(&d.0, &[]);
-    let mut p = worker(&d.0, "primary", "p.json", &["--requests", "2", "--prompt-len", "16", "--max-new", "2000"], &[]);
+    let mut p = worker(
+        &d.0,
+        "primary",
+        "p.json",
+        &["--requests", "2", "--prompt-len", "16", "--max-new", "2000"],
+        &[],
+    );
     wait_generated(&d.0, 1, 2, LONG);
     drop(b); // SIGKILL
     let _b2 = broker(&d.0, &[]);

@@ -42,7 +42,9 @@ fn assert_dropped(c: &Conn) {
 fn malformed_packets_drop_only_that_connection() {
     let d = Dir::new("malformed");
     let mut b = broker(&d.0, &[]);
-    let instance = Client::connect(&sock(&d.0), Role::Observer, 0).unwrap().instance;
+    let instance = Client::connect(&sock(&d.0), Role::Observer, 0)
+        .unwrap()
+        .instance;
     let hello = wire::encode(&Msg::Hello {
         role: Role::Observer,
         known_instance: 0,
@@ -61,7 +63,10 @@ fn malformed_packets_drop_only_that_connection() {
         bad_kind,
         hello[..hello.len() - 1].to_vec(),
         vec![0xAB; 70 * 1024],
-        wire::encode(&Msg::Commit { epoch: 1, entries: vec![] }), // before hello
+        wire::encode(&Msg::Commit {
+            epoch: 1,
+            entries: vec![],
+        }), // before hello
     ];
     for g in &garbage {
         let c = Conn::connect(&sock(&d.0)).unwrap();
@@ -103,7 +108,13 @@ fn stale_epochs_are_refused_after_a_fence() {
     assert!(e2 > g.epoch);
     let err = a.commit(vec![entry(1, 1, 8)]).unwrap_err();
     assert!(
-        matches!(err, ClientError::Refused { code: ErrorCode::StaleEpoch, .. }),
+        matches!(
+            err,
+            ClientError::Refused {
+                code: ErrorCode::StaleEpoch,
+                ..
+            }
+        ),
         "{err:?}"
     );
     assert!(a.heartbeat().unwrap_err().is_stale_epoch());
@@ -114,11 +125,18 @@ fn stale_epochs_are_refused_after_a_fence() {
     let g3 = b2.acquire(PAGE, 4).unwrap();
     assert!(g3.epoch > e2 && g3.takeover);
     b2.commit(vec![entry(1, 1, 9)]).unwrap();
-    assert!(b2.commit_at(g.epoch, vec![entry(1, 2, 9)]).unwrap_err().is_stale_epoch());
+    assert!(
+        b2.commit_at(g.epoch, vec![entry(1, 2, 9)])
+            .unwrap_err()
+            .is_stale_epoch()
+    );
     // Out-of-order commits are refused too.
     assert!(matches!(
         b2.commit(vec![entry(1, 5, 9)]).unwrap_err(),
-        ClientError::Refused { code: ErrorCode::BadRequest, .. }
+        ClientError::Refused {
+            code: ErrorCode::BadRequest,
+            ..
+        }
     ));
 }
 

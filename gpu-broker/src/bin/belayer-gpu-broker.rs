@@ -32,7 +32,10 @@ fn main() -> Result<()> {
     let mut checksum = ChecksumPolicy::Unsealed;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut val = || args.next().with_context(|| format!("{a} needs a value\n{USAGE}"));
+        let mut val = || {
+            args.next()
+                .with_context(|| format!("{a} needs a value\n{USAGE}"))
+        };
         match a.as_str() {
             "--socket" => socket = Some(PathBuf::from(val()?)),
             "--backend" => backend = val()?,
@@ -63,7 +66,8 @@ fn main() -> Result<()> {
         "host" => Box::new(gpu_broker::backend::host::HostBackend),
         #[cfg(feature = "cuda")]
         "cuda" => Box::new(
-            gpu_broker::backend::cuda::CudaBackend::new(0).context("initialising the CUDA backend")?,
+            gpu_broker::backend::cuda::CudaBackend::new(0)
+                .context("initialising the CUDA backend")?,
         ),
         b => bail!("backend {b} is not available in this build"),
     };

@@ -32,7 +32,10 @@ fn parse() -> Result<Options> {
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut val = || args.next().with_context(|| format!("{a} needs a value\n{USAGE}"));
+        let mut val = || {
+            args.next()
+                .with_context(|| format!("{a} needs a value\n{USAGE}"))
+        };
         match a.as_str() {
             "--socket" => o.socket = val()?.into(),
             "--model" => o.model = val()?.into(),

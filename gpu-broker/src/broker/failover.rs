@@ -56,12 +56,17 @@ impl Broker {
             if w.published {
                 match w.region.integrity() {
                     Ok(i) if i.intact => {
-                        let verify = self.cfg.checksum == ChecksumPolicy::Always || !i.write_protected;
+                        let verify =
+                            self.cfg.checksum == ChecksumPolicy::Always || !i.write_protected;
                         if verify {
                             match w.region.checksum() {
                                 Ok(c) if c == w.checksum => {}
                                 Ok(c) => {
-                                    tracing::error!(expected = w.checksum, found = c, "weights checksum mismatch");
+                                    tracing::error!(
+                                        expected = w.checksum,
+                                        found = c,
+                                        "weights checksum mismatch"
+                                    );
                                     weights_ok = false;
                                 }
                                 Err(e) => {
@@ -85,10 +90,10 @@ impl Broker {
                 weights_ok = false;
             }
         }
-        if let Some(k) = &self.kv {
-            if !k.region.integrity().map(|i| i.intact).unwrap_or(false) {
-                tracing::error!("KV arena metadata changed; it is rebuilt from the log anyway");
-            }
+        if let Some(k) = &self.kv
+            && !k.region.integrity().map(|i| i.intact).unwrap_or(false)
+        {
+            tracing::error!("KV arena metadata changed; it is rebuilt from the log anyway");
         }
         if !weights_ok && self.weights.is_some() {
             self.weights_refused += 1;
@@ -124,7 +129,11 @@ impl Broker {
 
     /// Periodic work: lease expiry, zombie reaping.
     pub(super) fn tick(&mut self) {
-        if self.lease.as_ref().is_some_and(|l| Instant::now() > l.deadline) {
+        if self
+            .lease
+            .as_ref()
+            .is_some_and(|l| Instant::now() > l.deadline)
+        {
             self.primary_lost("lease expired");
         }
         let mut freed = Vec::new();

@@ -20,10 +20,10 @@ fn err(code: ErrorCode, message: impl Into<String>) -> Msg {
 impl Broker {
     /// Sends `msg` to `peer`; a failed send drops the peer later (its socket reports an error).
     pub(super) fn reply(&self, peer: u32, msg: &Msg, fds: &[BorrowedFd<'_>]) {
-        if let Some(p) = self.peers.get(&peer) {
-            if let Err(e) = p.conn.send(msg, fds) {
-                tracing::warn!(peer, error = %e, "reply failed");
-            }
+        if let Some(p) = self.peers.get(&peer)
+            && let Err(e) = p.conn.send(msg, fds)
+        {
+            tracing::warn!(peer, error = %e, "reply failed");
         }
     }
 
@@ -31,10 +31,13 @@ impl Broker {
     pub(super) fn handle(&mut self, peer: u32, msg: Msg) -> Result<(), Violation> {
         let role = self.peers.get(&peer).and_then(|p| p.role);
         match (role, msg) {
-            (None, Msg::Hello {
-                role,
-                known_instance,
-            }) => self.on_hello(peer, role, known_instance),
+            (
+                None,
+                Msg::Hello {
+                    role,
+                    known_instance,
+                },
+            ) => self.on_hello(peer, role, known_instance),
             (None, m) => Err(format!("{m:?} before hello")),
             (Some(_), Msg::Hello { .. }) => Err("second hello".into()),
             (Some(_), Msg::ManifestReq) => {
@@ -54,30 +57,39 @@ impl Broker {
                 }
                 Ok(())
             }
-            (Some(_), Msg::AllocWeights {
-                epoch,
-                version,
-                bytes,
-            }) => {
+            (
+                Some(_),
+                Msg::AllocWeights {
+                    epoch,
+                    version,
+                    bytes,
+                },
+            ) => {
                 self.on_alloc_weights(peer, epoch, version, bytes);
                 Ok(())
             }
-            (Some(_), Msg::Publish {
-                epoch,
-                version,
-                checksum,
-                meta,
-            }) => {
+            (
+                Some(_),
+                Msg::Publish {
+                    epoch,
+                    version,
+                    checksum,
+                    meta,
+                },
+            ) => {
                 self.on_publish(peer, epoch, version, checksum, meta);
                 Ok(())
             }
-            (Some(_), Msg::Admit {
-                epoch,
-                request_id,
-                params,
-                sampler_state,
-                prompt,
-            }) => {
+            (
+                Some(_),
+                Msg::Admit {
+                    epoch,
+                    request_id,
+                    params,
+                    sampler_state,
+                    prompt,
+                },
+            ) => {
                 let r = match self.check_lease(peer, epoch) {
                     Some(m) => m,
                     None => match self.log.admit(request_id, params, sampler_state, prompt) {
@@ -100,7 +112,13 @@ impl Broker {
                 Ok(())
             }
             (Some(_), Msg::LogList) => {
-                self.reply(peer, &Msg::LogIds { ids: self.log.ids() }, &[]);
+                self.reply(
+                    peer,
+                    &Msg::LogIds {
+                        ids: self.log.ids(),
+                    },
+                    &[],
+                );
                 Ok(())
             }
             (Some(_), Msg::LogGet { request_id }) => {
@@ -115,10 +133,10 @@ impl Broker {
                 let r = match self.check_lease(peer, epoch) {
                     Some(m) => m,
                     None => {
-                        if let Some(l) = self.lease.take() {
-                            if let Some(kv) = self.kv.as_mut() {
-                                kv.pages.give_back(&l.pages);
-                            }
+                        if let Some(l) = self.lease.take()
+                            && let Some(kv) = self.kv.as_mut()
+                        {
+                            kv.pages.give_back(&l.pages);
                         }
                         tracing::info!(peer, epoch, "lease released");
                         Msg::Ok { epoch }
@@ -176,19 +194,20 @@ impl Broker {
     fn region_infos(&self) -> (Vec<RegionInfo>, Vec<BorrowedFd<'_>>) {
         let mut infos = Vec::new();
         let mut fds = Vec::new();
-        if let Some(w) = &self.weights {
-            if w.published && self.weights_ok {
-                infos.push(RegionInfo {
-                    kind: RegionKind::Weights,
-                    bytes: w.region.bytes(),
-                    version: w.version,
-                    checksum: w.checksum,
-                    published: true,
-                    page_bytes: 0,
-                    meta: w.meta.clone(),
-                });
-                fds.push(w.region.handle());
-            }
+        if let Some(w) = &self.weights
+            && w.published
+            && self.weights_ok
+        {
+            infos.push(RegionInfo {
+                kind: RegionKind::Weights,
+                bytes: w.region.bytes(),
+                version: w.version,
+                checksum: w.checksum,
+                published: true,
+                page_bytes: 0,
+                meta: w.meta.clone(),
+            });
+            fds.push(w.region.handle());
         }
         if let Some(k) = &self.kv {
             infos.push(RegionInfo {
@@ -220,7 +239,10 @@ impl Broker {
             }
             _ if epoch != self.epoch => Some(err(
                 ErrorCode::StaleEpoch,
-                format!("epoch {epoch} is stale: the current epoch is {}", self.epoch),
+                format!(
+                    "epoch {epoch} is stale: the current epoch is {}",
+                    self.epoch
+                ),
             )),
             _ => Some(err(ErrorCode::NotPrimary, "this connection holds no lease")),
         }
@@ -285,7 +307,10 @@ impl Broker {
             return;
         }
         let Some(runs) = self.kv.as_mut().and_then(|k| k.pages.take(pages)) else {
-            let m = err(ErrorCode::NoCapacity, format!("{pages} KV pages are not free"));
+            let m = err(
+                ErrorCode::NoCapacity,
+                format!("{pages} KV pages are not free"),
+            );
             self.reply(peer, &m, &[]);
             return;
         };
@@ -302,7 +327,13 @@ impl Broker {
             pages: runs.clone(),
             deadline: Instant::now() + self.cfg.lease,
         });
-        tracing::info!(peer, epoch = self.epoch, takeover, weights_ok, "lease granted");
+        tracing::info!(
+            peer,
+            epoch = self.epoch,
+            takeover,
+            weights_ok,
+            "lease granted"
+        );
         let m = Msg::Grant {
             epoch: self.epoch,
             lease_ms: self.cfg.lease.as_millis() as u32,
@@ -377,20 +408,33 @@ impl Broker {
                             w.checksum = c;
                             w.published = true;
                             w.meta = meta;
-                            tracing::info!(version, checksum = c, sealed = seal, "weights published");
+                            tracing::info!(
+                                version,
+                                checksum = c,
+                                sealed = seal,
+                                "weights published"
+                            );
                             Msg::Ok { epoch }
                         }
                         // EBUSY: someone still maps the region writable.
-                        Err(e) => err(ErrorCode::BadRequest, format!("cannot seal the weights: {e}")),
+                        Err(e) => err(
+                            ErrorCode::BadRequest,
+                            format!("cannot seal the weights: {e}"),
+                        ),
                     },
                     Ok(c) => err(
                         ErrorCode::BadRequest,
-                        format!("weights checksum mismatch: worker says {checksum:016x}, region holds {c:016x}"),
+                        format!(
+                            "weights checksum mismatch: worker says {checksum:016x}, region holds {c:016x}"
+                        ),
                     ),
                     Err(e) => err(ErrorCode::Backend, e.to_string()),
                 }
             }
-            _ => err(ErrorCode::BadRequest, "no unpublished weights of that version"),
+            _ => err(
+                ErrorCode::BadRequest,
+                "no unpublished weights of that version",
+            ),
         };
         self.reply(peer, &r, &[]);
     }

@@ -79,9 +79,7 @@ impl TokenLog {
                     have: r.generated.len(),
                 });
             }
-            if r.finished
-                || r.generated.len() + e.tokens.len() > r.params.max_new_tokens as usize
-            {
+            if r.finished || r.generated.len() + e.tokens.len() > r.params.max_new_tokens as usize {
                 return Err(LogError::Closed(e.request_id));
             }
         }
@@ -102,7 +100,10 @@ impl TokenLog {
 
     /// All ids with their finished flags.
     pub fn ids(&self) -> Vec<(u64, bool)> {
-        self.reqs.values().map(|r| (r.request_id, r.finished)).collect()
+        self.reqs
+            .values()
+            .map(|r| (r.request_id, r.finished))
+            .collect()
     }
 
     /// Number of requests.
@@ -160,10 +161,16 @@ mod tests {
             Err(LogError::Closed(1))
         );
         // All-or-nothing: the second entry is bad, the first must not land.
-        assert!(l.commit(&[entry(1, 1, &[8], false), entry(2, 0, &[1], false)]).is_err());
+        assert!(
+            l.commit(&[entry(1, 1, &[8], false), entry(2, 0, &[1], false)])
+                .is_err()
+        );
         assert_eq!(l.get(1).unwrap().generated, vec![7]);
         l.commit(&[entry(1, 1, &[8, 9], true)]).unwrap();
         assert_eq!(l.inflight(), 0);
-        assert_eq!(l.commit(&[entry(1, 3, &[], false)]), Err(LogError::Closed(1)));
+        assert_eq!(
+            l.commit(&[entry(1, 3, &[], false)]),
+            Err(LogError::Closed(1))
+        );
     }
 }

@@ -18,7 +18,7 @@ const QK: usize = 32;
 
 /// Bytes taken by `n` elements of type `t`; `None` for unsupported types or partial blocks.
 pub fn byte_size(t: u32, n: usize) -> Option<usize> {
-    let blocks = || (n % QK == 0).then_some(n / QK);
+    let blocks = || n.is_multiple_of(QK).then_some(n / QK);
     match t {
         ty::F32 => Some(n * 4),
         ty::F16 => Some(n * 2),

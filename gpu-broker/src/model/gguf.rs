@@ -188,7 +188,9 @@ impl Gguf {
         };
         let base = r.at.div_ceil(align) * align;
         for t in &mut tensors {
-            t.offset = base.checked_add(t.offset).ok_or(GgufError::Corrupt("offset"))?;
+            t.offset = base
+                .checked_add(t.offset)
+                .ok_or(GgufError::Corrupt("offset"))?;
             let bytes = super::dequant::byte_size(t.ty, t.elements())
                 .ok_or(GgufError::Corrupt("tensor type"))?;
             if t.offset.checked_add(bytes).is_none_or(|e| e > data.len()) {

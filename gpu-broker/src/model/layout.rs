@@ -42,13 +42,16 @@ impl LlamaConfig {
         let vocab = g
             .tensor("token_embd.weight")
             .and_then(|t| t.dims.get(1).copied())
-            .ok_or_else(|| GgufError::Missing("token_embd.weight".into()))? as usize;
+            .ok_or_else(|| GgufError::Missing("token_embd.weight".into()))?
+            as usize;
         Ok(Self {
             n_layers: g.int("llama.block_count")? as usize,
             dim,
             ffn: g.int("llama.feed_forward_length")? as usize,
             n_heads,
-            n_kv_heads: g.int("llama.attention.head_count_kv").unwrap_or(n_heads as i64) as usize,
+            n_kv_heads: g
+                .int("llama.attention.head_count_kv")
+                .unwrap_or(n_heads as i64) as usize,
             head_dim: dim / n_heads,
             vocab,
             rope_theta: g.float("llama.rope.freq_base").unwrap_or(10000.0) as f32,

@@ -177,7 +177,12 @@ impl<'w> Llama<'w> {
     /// Runs `rows` (any mix of prefill and decode rows of any requests), writing their K/V into
     /// the pages named by `tables[row.seq]`, and returns logits for rows with `logits` set, in
     /// row order.
-    pub fn forward(&self, kv: &mut KvArena<'_>, tables: &[Vec<u32>], rows: &[Row]) -> Vec<Vec<f32>> {
+    pub fn forward(
+        &self,
+        kv: &mut KvArena<'_>,
+        tables: &[Vec<u32>],
+        rows: &[Row],
+    ) -> Vec<Vec<f32>> {
         let mut out = Vec::new();
         for chunk in rows.chunks(CHUNK) {
             out.extend(self.forward_chunk(kv, tables, chunk));
@@ -185,7 +190,12 @@ impl<'w> Llama<'w> {
         out
     }
 
-    fn forward_chunk(&self, kv: &mut KvArena<'_>, tables: &[Vec<u32>], rows: &[Row]) -> Vec<Vec<f32>> {
+    fn forward_chunk(
+        &self,
+        kv: &mut KvArena<'_>,
+        tables: &[Vec<u32>],
+        rows: &[Row],
+    ) -> Vec<Vec<f32>> {
         let c = &self.cfg;
         let (m, d, kvd, hd) = (rows.len(), c.dim, c.kv_dim(), c.head_dim);
         let mut x = vec![0f32; m * d];
@@ -248,7 +258,15 @@ impl<'w> Llama<'w> {
         logits.chunks_exact(c.vocab).map(<[f32]>::to_vec).collect()
     }
 
-    fn attention(&self, kv: &KvArena<'_>, tables: &[Vec<u32>], rows: &[Row], l: usize, q: &[f32], out: &mut [f32]) {
+    fn attention(
+        &self,
+        kv: &KvArena<'_>,
+        tables: &[Vec<u32>],
+        rows: &[Row],
+        l: usize,
+        q: &[f32],
+        out: &mut [f32],
+    ) {
         let c = &self.cfg;
         let (d, hd) = (c.dim, c.head_dim);
         let group = c.n_heads / c.n_kv_heads;

@@ -74,7 +74,7 @@ impl JobSpec {
                 let seeded = match self.mode {
                     Mode::Greedy => false,
                     Mode::Seeded => true,
-                    Mode::Mixed => id % 2 == 0,
+                    Mode::Mixed => id.is_multiple_of(2),
                 };
                 Job {
                     id,

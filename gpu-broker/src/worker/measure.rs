@@ -77,7 +77,12 @@ pub fn rebuild_times(
         let t0 = Instant::now();
         engine.rebuild(&model, &mut kv);
         out.push(t0.elapsed().as_secs_f64());
-        tracing::info!(requests = n, tokens = t, seconds = out[out.len() - 1], "rebuild measured");
+        tracing::info!(
+            requests = n,
+            tokens = t,
+            seconds = out[out.len() - 1],
+            "rebuild measured"
+        );
     }
     let _ = client.release();
     Ok(out)

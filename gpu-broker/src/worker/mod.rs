@@ -172,21 +172,33 @@ fn broker_err(client: &Client, opts: &Options, e: ClientError) -> WorkerError {
 /// Runs a worker to completion. Returns the results it wrote.
 pub fn run(opts: &Options) -> Result<Results, WorkerError> {
     let client = Client::connect(&opts.socket, opts.role, 0).map_err(WorkerError::Client)?;
-    emit("attached", json!({ "role": format!("{:?}", opts.role), "instance": format!("{:016x}", client.instance) }));
+    emit(
+        "attached",
+        json!({ "role": format!("{:?}", opts.role), "instance": format!("{:016x}", client.instance) }),
+    );
     let threads = opts.threads.max(1);
 
     // Shadow: map published weights read-only and warm up now, then wait for promotion.
     let mut weights: Option<MappedWeights> = None;
     if opts.role == Role::Shadow {
         loop {
-            let regions = client.manifest().map_err(|e| broker_err(&client, opts, e))?;
+            let regions = client
+                .manifest()
+                .map_err(|e| broker_err(&client, opts, e))?;
             if let Some(r) = weights::published(&regions) {
                 let w = MappedWeights::map(r)?;
                 let model = Llama::new(&w.layout, w.floats(), threads)
                     .map_err(|e| WorkerError::Protocol(e.to_string()))?;
                 let geom = geom_of(&w);
                 let mut local = vec![0f32; geom.page_floats()];
-                warm_up(&model, &mut KvArena { data: &mut local, geom }, 0);
+                warm_up(
+                    &model,
+                    &mut KvArena {
+                        data: &mut local,
+                        geom,
+                    },
+                    0,
+                );
                 drop(model);
                 weights = Some(w);
                 break;
@@ -201,10 +213,15 @@ pub fn run(opts: &Options) -> Result<Results, WorkerError> {
         .acquire(page_bytes, pages_wanted(&opts.jobs))
         .map_err(|e| broker_err(&client, opts, e))?;
     let t_grant = Instant::now();
-    emit("granted", json!({ "epoch": grant.epoch, "takeover": grant.takeover, "weights_ok": grant.weights_ok }));
+    emit(
+        "granted",
+        json!({ "epoch": grant.epoch, "takeover": grant.takeover, "weights_ok": grant.weights_ok }),
+    );
     let _hb = client.start_heartbeat(Duration::from_millis(u64::from(grant.lease_ms / 4).max(20)));
 
-    let mut regions = client.manifest().map_err(|e| broker_err(&client, opts, e))?;
+    let mut regions = client
+        .manifest()
+        .map_err(|e| broker_err(&client, opts, e))?;
     let reuse = grant.weights_ok
         && weights::published(&regions).is_some_and(|r| {
             weights
@@ -214,25 +231,41 @@ pub fn run(opts: &Options) -> Result<Results, WorkerError> {
     let mut cold = false;
     let w = match (reuse, weights.take()) {
         (true, Some(w)) => w,
-        (true, None) => MappedWeights::map(weights::published(&regions).ok_or_else(|| WorkerError::Protocol("weights vanished".into()))?)?,
+        (true, None) => MappedWeights::map(
+            weights::published(&regions)
+                .ok_or_else(|| WorkerError::Protocol("weights vanished".into()))?,
+        )?,
         (false, _) => {
-            let (w, s) = weights::cold_load(&client, &opts.model, threads).map_err(|e| match e {
-                WorkerError::Client(c) => broker_err(&client, opts, c),
-                e => e,
-            })?;
+            let (w, s) =
+                weights::cold_load(&client, &opts.model, threads).map_err(|e| match e {
+                    WorkerError::Client(c) => broker_err(&client, opts, c),
+                    e => e,
+                })?;
             cold = true;
             emit("cold_load", json!({ "seconds": s }));
-            regions = client.manifest().map_err(|e| broker_err(&client, opts, e))?;
+            regions = client
+                .manifest()
+                .map_err(|e| broker_err(&client, opts, e))?;
             w
         }
     };
-    let model = Llama::new(&w.layout, w.floats(), threads).map_err(|e| WorkerError::Protocol(e.to_string()))?;
+    let model = Llama::new(&w.layout, w.floats(), threads)
+        .map_err(|e| WorkerError::Protocol(e.to_string()))?;
     let geom = geom_of(&w);
     let mut kv_map = map_kv(&regions, geom)?;
     let mut engine = Engine::new(geom, &grant.pages);
-    let scratch = engine.take_page().ok_or_else(|| WorkerError::Protocol("empty grant".into()))?;
+    let scratch = engine
+        .take_page()
+        .ok_or_else(|| WorkerError::Protocol("empty grant".into()))?;
     if opts.role == Role::Primary || cold {
-        warm_up(&model, &mut KvArena { data: kv_view(&mut kv_map), geom }, scratch);
+        warm_up(
+            &model,
+            &mut KvArena {
+                data: kv_view(&mut kv_map),
+                geom,
+            },
+            scratch,
+        );
     }
 
     // The log is the source of truth; admission is idempotent, so a successor re-admits safely.
@@ -249,12 +282,17 @@ pub fn run(opts: &Options) -> Result<Results, WorkerError> {
         if *finished {
             continue;
         }
-        let l = client.log_get(*id).map_err(|e| broker_err(&client, opts, e))?;
+        let l = client
+            .log_get(*id)
+            .map_err(|e| broker_err(&client, opts, e))?;
         let r = Req::from_log(&l);
         inflight_tokens += r.tokens.len();
         engine.add(r)?;
     }
-    emit("ready", json!({ "since_grant_s": t_grant.elapsed().as_secs_f64(), "cold": cold, "takeover": grant.takeover, "inflight": engine.reqs.len() }));
+    emit(
+        "ready",
+        json!({ "since_grant_s": t_grant.elapsed().as_secs_f64(), "cold": cold, "takeover": grant.takeover, "inflight": engine.reqs.len() }),
+    );
 
     let mut kv = KvArena {
         data: kv_view(&mut kv_map),
@@ -263,7 +301,10 @@ pub fn run(opts: &Options) -> Result<Results, WorkerError> {
     if grant.takeover {
         let t = Instant::now();
         let rows = engine.rebuild(&model, &mut kv);
-        emit("rebuilt", json!({ "requests": engine.reqs.len(), "tokens": inflight_tokens, "rows": rows, "seconds": t.elapsed().as_secs_f64() }));
+        emit(
+            "rebuilt",
+            json!({ "requests": engine.reqs.len(), "tokens": inflight_tokens, "rows": rows, "seconds": t.elapsed().as_secs_f64() }),
+        );
     }
 
     let mut steps = 0usize;
@@ -275,7 +316,10 @@ pub fn run(opts: &Options) -> Result<Results, WorkerError> {
         steps += 1;
         if opts.scribble_after == Some(steps) {
             let r = weights::scribble(&regions);
-            emit("scribbled", json!({ "ok": r.is_ok(), "error": r.err().map(|e| format!("{e}: {:?}", std::error::Error::source(&e))) }));
+            emit(
+                "scribbled",
+                json!({ "ok": r.is_ok(), "error": r.err().map(|e| format!("{e}: {:?}", std::error::Error::source(&e))) }),
+            );
             loop {
                 std::thread::sleep(Duration::from_secs(1));
             }
@@ -302,7 +346,9 @@ pub fn run(opts: &Options) -> Result<Results, WorkerError> {
         requests: Vec::new(),
     };
     for j in &jobs {
-        let l = client.log_get(j.id).map_err(|e| broker_err(&client, opts, e))?;
+        let l = client
+            .log_get(j.id)
+            .map_err(|e| broker_err(&client, opts, e))?;
         results.requests.push((j.id, l.generated));
     }
     if let Some(p) = &opts.out {

@@ -25,7 +25,9 @@ impl MappedWeights {
     pub fn map(r: &RegionFd) -> Result<Self, WorkerError> {
         let layout = Layout::from_meta(&r.info.meta).map_err(WorkerError::Layout)?;
         if layout.bytes() as u64 > r.info.bytes {
-            return Err(WorkerError::Protocol("weights region smaller than its layout".into()));
+            return Err(WorkerError::Protocol(
+                "weights region smaller than its layout".into(),
+            ));
         }
         let map = Mapping::new(&r.fd, r.info.bytes as usize, false)
             .map_err(|e| WorkerError::Map("weights", e))?;
@@ -73,8 +75,9 @@ pub fn cold_load(
         let bytes = m.bytes_mut();
         // SAFETY: the mapping is page-aligned and writable; we view its first layout.total f32s,
         // which fit (the region was allocated with layout.bytes()).
-        let floats =
-            unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), layout.total) };
+        let floats = unsafe {
+            std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), layout.total)
+        };
         if !dequantize_into(&g, &layout, floats, threads) {
             return Err(WorkerError::Protocol("dequantization failed".into()));
         }

@@ -107,9 +107,16 @@ impl Proc {
                 if let Some(e) = self.event(name) {
                     return e;
                 }
-                panic!("process exited ({st}) before event {name}: {}", self.stderr_text());
+                panic!(
+                    "process exited ({st}) before event {name}: {}",
+                    self.stderr_text()
+                );
             }
-            assert!(Instant::now() < end, "timed out waiting for event {name}: {}", self.stderr_text());
+            assert!(
+                Instant::now() < end,
+                "timed out waiting for event {name}: {}",
+                self.stderr_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -120,7 +127,11 @@ impl Proc {
             if let Some(st) = self.child.try_wait().unwrap() {
                 return st.code().unwrap_or(-1);
             }
-            assert!(Instant::now() < end, "process did not exit in time: {}", self.stderr_text());
+            assert!(
+                Instant::now() < end,
+                "process did not exit in time: {}",
+                self.stderr_text()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -152,7 +163,11 @@ pub fn broker(dir: &Path, extra: &[&str]) -> Proc {
         "768".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let p = Proc::spawn(BROKER, &args, dir.join(format!("broker-{}.err", N.fetch_add(1, Ordering::SeqCst))));
+    let p = Proc::spawn(
+        BROKER,
+        &args,
+        dir.join(format!("broker-{}.err", N.fetch_add(1, Ordering::SeqCst))),
+    );
     let end = Instant::now() + Duration::from_secs(10);
     while Client::connect(&sock, Role::Observer, 0).is_err() {
         assert!(Instant::now() < end, "broker did not come up");
@@ -166,7 +181,13 @@ pub fn sock(dir: &Path) -> PathBuf {
 }
 
 /// Worker arguments for the shared request set.
-pub fn worker_args(dir: &Path, role: &str, out: &str, jobs: &[&str], extra: &[&str]) -> Vec<String> {
+pub fn worker_args(
+    dir: &Path,
+    role: &str,
+    out: &str,
+    jobs: &[&str],
+    extra: &[&str],
+) -> Vec<String> {
     let mut a = vec![
         "--socket".to_string(),
         sock(dir).display().to_string(),
@@ -184,7 +205,11 @@ pub fn worker_args(dir: &Path, role: &str, out: &str, jobs: &[&str], extra: &[&s
 
 pub fn worker(dir: &Path, role: &str, out: &str, jobs: &[&str], extra: &[&str]) -> Proc {
     let n = N.fetch_add(1, Ordering::SeqCst);
-    Proc::spawn(WORKER, &worker_args(dir, role, out, jobs, extra), dir.join(format!("{role}-{n}.err")))
+    Proc::spawn(
+        WORKER,
+        &worker_args(dir, role, out, jobs, extra),
+        dir.join(format!("{role}-{n}.err")),
+    )
 }
 
 pub fn results(dir: &Path, out: &str) -> gpu_broker::worker::jobs::Results {
@@ -199,7 +224,10 @@ pub fn wait_generated(dir: &Path, id: u64, n: usize, timeout: Duration) {
         if c.log_get(id).is_ok_and(|l| l.generated.len() >= n) {
             return;
         }
-        assert!(Instant::now() < end, "request {id} did not reach {n} tokens");
+        assert!(
+            Instant::now() < end,
+            "request {id} did not reach {n} tokens"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }

@@ -17,7 +17,8 @@ use gpu_broker::worker::jobs::Results;
 use procs::{Proc, broker, find_bin};
 use report::{KillTest, Rebuild, Report, median};
 
-const USAGE: &str = "usage: belayer-bench-worker [--quick] [--out DIR] [--model GGUF] [--threads N]";
+const USAGE: &str =
+    "usage: belayer-bench-worker [--quick] [--out DIR] [--model GGUF] [--threads N]";
 const LONG: Duration = Duration::from_secs(1800);
 
 struct Ctx {
@@ -56,8 +57,14 @@ impl Ctx {
 
 fn jobs(requests: usize, prompt: usize, new: usize, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
-        "--requests", &requests.to_string(), "--prompt-len", &prompt.to_string(),
-        "--max-new", &new.to_string(), "--mode", "mixed",
+        "--requests",
+        &requests.to_string(),
+        "--prompt-len",
+        &prompt.to_string(),
+        "--max-new",
+        &new.to_string(),
+        "--mode",
+        "mixed",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -76,8 +83,14 @@ fn cold_start(c: &Ctx, i: usize) -> Result<(f64, f64)> {
     let _b = broker(&c.broker, &d, "b", &[])?;
     let mut p = c.worker(&d, "primary", "p", &jobs(1, 8, 1, &[]))?;
     let ready = p.wait_event("ready", LONG)?;
-    let load = p.event("cold_load").map_or(0.0, |e| e["seconds"].as_f64().unwrap_or(0.0));
-    ensure!(p.wait_exit(LONG)? == 0, "cold-start worker failed: {}", p.stderr_text());
+    let load = p
+        .event("cold_load")
+        .map_or(0.0, |e| e["seconds"].as_f64().unwrap_or(0.0));
+    ensure!(
+        p.wait_exit(LONG)? == 0,
+        "cold-start worker failed: {}",
+        p.stderr_text()
+    );
     Ok((t_of(&ready) - p.spawned_at, load))
 }
 
@@ -92,18 +105,28 @@ fn takeover(c: &Ctx, i: usize, broker_args: &[&str]) -> Result<(f64, u64)> {
     p.wait_event("hanging", LONG)?;
     let t_kill = p.sigkill();
     let ready = s.wait_event("ready", LONG)?;
-    let health = Client::connect(&d.join("broker.sock"), Role::Observer, 0)?.status()?.last_health_us;
+    let health = Client::connect(&d.join("broker.sock"), Role::Observer, 0)?
+        .status()?
+        .last_health_us;
     Ok((t_of(&ready) - t_kill, health))
 }
 
 fn kill_test(c: &Ctx, quick: bool) -> Result<KillTest> {
-    let (n, prompt, new, after) = if quick { (4, 128, 16, 4) } else { (8, 256, 32, 8) };
+    let (n, prompt, new, after) = if quick {
+        (4, 128, 16, 4)
+    } else {
+        (8, 256, 32, 8)
+    };
     let j = jobs(n, prompt, new, &[]);
     let d = c.fresh("kill-baseline")?;
     let base = {
         let _b = broker(&c.broker, &d, "b", &[])?;
         let mut p = c.worker(&d, "primary", "base", &j)?;
-        ensure!(p.wait_exit(LONG)? == 0, "baseline worker failed: {}", p.stderr_text());
+        ensure!(
+            p.wait_exit(LONG)? == 0,
+            "baseline worker failed: {}",
+            p.stderr_text()
+        );
         read_results(&d.join("base.json"))?
     };
     let d = c.fresh("kill")?;
@@ -121,7 +144,11 @@ fn kill_test(c: &Ctx, quick: bool) -> Result<KillTest> {
     let t_kill = p.sigkill();
     let ready = s.wait_event("ready", LONG)?;
     let rebuilt = s.wait_event("rebuilt", LONG)?;
-    ensure!(s.wait_exit(LONG)? == 0, "shadow failed: {}", s.stderr_text());
+    ensure!(
+        s.wait_exit(LONG)? == 0,
+        "shadow failed: {}",
+        s.stderr_text()
+    );
     let got = read_results(&d.join("s.json"))?;
     Ok(KillTest {
         requests: n,
@@ -144,29 +171,52 @@ fn rebuild_curve(c: &Ctx, quick: bool) -> Result<Vec<Rebuild>> {
     let points: Vec<(usize, usize)> = if quick {
         vec![(1, 256), (8, 256), (1, 1024)]
     } else {
-        vec![(1, 256), (1, 1024), (8, 256), (8, 1024), (32, 256), (32, 1024)]
+        vec![
+            (1, 256),
+            (1, 1024),
+            (8, 256),
+            (8, 1024),
+            (32, 256),
+            (32, 1024),
+        ]
     };
     let d = c.fresh("rebuild")?;
     let _b = broker(&c.broker, &d, "b", &["--kv-mib", "2048"])?;
-    let secs = gpu_broker::worker::measure::rebuild_times(&d.join("broker.sock"), &c.model, c.threads, &points)
-        .context("measuring rebuild")?;
+    let secs = gpu_broker::worker::measure::rebuild_times(
+        &d.join("broker.sock"),
+        &c.model,
+        c.threads,
+        &points,
+    )
+    .context("measuring rebuild")?;
     Ok(points
         .iter()
         .zip(secs)
-        .map(|(&(requests, tokens), seconds)| Rebuild { requests, tokens, seconds })
+        .map(|(&(requests, tokens), seconds)| Rebuild {
+            requests,
+            tokens,
+            seconds,
+        })
         .collect())
 }
 
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into())
 }
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("BELAYER_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("BELAYER_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let mut quick = false;
@@ -187,7 +237,11 @@ fn main() -> Result<()> {
             _ => bail!("unknown argument {a}\n{USAGE}"),
         }
     }
-    ensure!(model.is_file(), "model file {} is missing: run gpu-broker/scripts/fetch-model", model.display());
+    ensure!(
+        model.is_file(),
+        "model file {} is missing: run gpu-broker/scripts/fetch-model",
+        model.display()
+    );
     std::fs::create_dir_all(&out)?;
     let c = Ctx {
         broker: find_bin("belayer-gpu-broker")?,
@@ -237,8 +291,14 @@ fn main() -> Result<()> {
     };
     print!("{}", report::table(&r));
     let json = serde_json::to_string(&r)?;
-    std::fs::write(out.join("worker-bench.json"), serde_json::to_string_pretty(&r)?)?;
-    std::fs::write(out.join("rebuild.svg"), svg::plot(&r.rebuild, r.cold_start_s, r.takeover_s))?;
+    std::fs::write(
+        out.join("worker-bench.json"),
+        serde_json::to_string_pretty(&r)?,
+    )?;
+    std::fs::write(
+        out.join("rebuild.svg"),
+        svg::plot(&r.rebuild, r.cold_start_s, r.takeover_s),
+    )?;
     let _ = std::fs::remove_dir_all(&c.dir);
     println!("{json}");
     Ok(())

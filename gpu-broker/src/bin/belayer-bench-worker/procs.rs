@@ -17,7 +17,11 @@ pub fn find_bin(name: &str) -> Result<PathBuf> {
         return Ok(beside);
     }
     std::env::var_os("PATH")
-        .and_then(|p| std::env::split_paths(&p).map(|d| d.join(name)).find(|p| p.is_file()))
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(name))
+                .find(|p| p.is_file())
+        })
         .with_context(|| format!("{name} is neither beside this binary nor on PATH"))
 }
 
@@ -77,7 +81,10 @@ impl Proc {
                 if let Some(e) = self.event(name) {
                     return Ok(e);
                 }
-                bail!("process exited ({st}) before {name}: {}", self.stderr_text());
+                bail!(
+                    "process exited ({st}) before {name}: {}",
+                    self.stderr_text()
+                );
             }
             if Instant::now() > end {
                 bail!("timed out waiting for {name}");

@@ -51,14 +51,37 @@ pub fn median(v: &[f64]) -> f64 {
 
 pub fn table(r: &Report) -> String {
     let mut s = String::new();
-    s.push_str(&format!("cpu: {} ({} threads){}\n", r.cpu, r.threads, if r.quick { ", quick mode" } else { "" }));
+    s.push_str(&format!(
+        "cpu: {} ({} threads){}\n",
+        r.cpu,
+        r.threads,
+        if r.quick { ", quick mode" } else { "" }
+    ));
     s.push_str(&format!("{:<44} {:>12}\n", "measurement", "seconds"));
-    s.push_str(&format!("{:<44} {:>12.4}\n", "cold start (new process → ready, median)", r.cold_start_s));
-    s.push_str(&format!("{:<44} {:>12.4}\n", "  of which load+dequantize+publish", r.cold_load_s));
-    s.push_str(&format!("{:<44} {:>12.4}\n", "takeover, promotion only (median)", r.takeover_s));
-    s.push_str(&format!("{:<44} {:>12.4}\n", "takeover with full weight checksum", r.takeover_checksum_s));
-    s.push_str(&format!("{:<44} {:>11.1}×\n", "cold start / takeover", r.speedup_takeover));
-    s.push_str(&format!("\n{:>9} {:>8} {:>10} {:>12} {:>22}\n", "requests", "tokens", "rebuild s", "tokens/s", "cold/(takeover+rebuild)"));
+    s.push_str(&format!(
+        "{:<44} {:>12.4}\n",
+        "cold start (new process → ready, median)", r.cold_start_s
+    ));
+    s.push_str(&format!(
+        "{:<44} {:>12.4}\n",
+        "  of which load+dequantize+publish", r.cold_load_s
+    ));
+    s.push_str(&format!(
+        "{:<44} {:>12.4}\n",
+        "takeover, promotion only (median)", r.takeover_s
+    ));
+    s.push_str(&format!(
+        "{:<44} {:>12.4}\n",
+        "takeover with full weight checksum", r.takeover_checksum_s
+    ));
+    s.push_str(&format!(
+        "{:<44} {:>11.1}×\n",
+        "cold start / takeover", r.speedup_takeover
+    ));
+    s.push_str(&format!(
+        "\n{:>9} {:>8} {:>10} {:>12} {:>22}\n",
+        "requests", "tokens", "rebuild s", "tokens/s", "cold/(takeover+rebuild)"
+    ));
     for p in &r.rebuild {
         s.push_str(&format!(
             "{:>9} {:>8} {:>10.3} {:>12.0} {:>21.2}×\n",
