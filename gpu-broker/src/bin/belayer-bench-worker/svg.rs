@@ -54,6 +54,7 @@ pub fn plot(rebuild: &[Rebuild], cold_s: f64, takeover_s: f64) -> String {
     }
     let colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"];
     let mut counts: Vec<usize> = rebuild.iter().map(|p| p.requests).collect();
+    counts.sort_unstable();
     counts.dedup();
     for (ci, n) in counts.iter().enumerate() {
         let c = colors[ci % colors.len()];
