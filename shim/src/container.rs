@@ -4,8 +4,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
-use containerd_shim::protos::api::{Mount, Status};
+use containerd_shim::protos::api::Status;
 use log::warn;
 
 use crate::error::{Error, Result, io};
@@ -16,41 +18,30 @@ use crate::stdio::{ConsoleSocket, ProcessIo, StdioPaths};
 pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
-    /// The rootfs the shim mounted from containerd's mounts (none when the spec names one).
+    /// The rootfs the shim mounted (containerd's mounts, or a checkpoint's chain); none when the
+    /// spec names one mounted by someone else.
     pub mounted_rootfs: Option<PathBuf>,
     pub init: Process,
     pub execs: HashMap<String, Process>,
+    /// The filesystem a checkpoint captures; found on first use.
+    pub fs: Option<FsState>,
+    /// Set while a checkpoint or restore runs.
+    pub busy: Arc<AtomicBool>,
+    /// A checkpoint to restore at start instead of running the spec's process.
+    pub pending_restore: Option<criu_bridge::Checkpoint>,
+    /// Belayer's own upper/work dirs of a restored rootfs, removed at delete.
+    pub owned_upper: Option<PathBuf>,
 }
 
-/// Mounts containerd's rootfs mounts at `<bundle>/rootfs`, in order.
-pub async fn mount_rootfs(bundle: &Path, mounts: &[Mount]) -> Result<Option<PathBuf>> {
-    if mounts.is_empty() {
-        return Ok(None);
-    }
-    let target = bundle.join("rootfs");
-    std::fs::create_dir_all(&target).map_err(io(format!("create {}", target.display())))?;
-    for m in mounts {
-        if let Err(source) = containerd_shim::util::mount_rootfs(m, &target).await {
-            unmount_rootfs(&target);
-            return Err(Error::Shim {
-                context: format!(
-                    "mount rootfs ({} from {}) at {}",
-                    m.type_,
-                    m.source,
-                    target.display()
-                ),
-                source,
-            });
-        }
-    }
-    Ok(Some(target))
-}
-
-/// Unmounts everything at and below `target`.
-pub fn unmount_rootfs(target: &Path) {
-    if let Err(e) = containerd_shim::mount::umount_recursive(target.to_str(), libc::MNT_DETACH) {
-        warn!("unmount {}: {e}", target.display());
-    }
+/// What the next checkpoint captures and stacks on.
+#[derive(Clone, Debug)]
+pub struct FsState {
+    /// The overlay's upper dir.
+    pub upper: PathBuf,
+    /// Lower dirs below the checkpoint chain, newest first.
+    pub image_lowers: Vec<PathBuf>,
+    /// The checkpoint the current upper descends from.
+    pub parent: Option<criu_bridge::Checkpoint>,
 }
 
 /// Starts a process through runc (`create` for an init, `exec` for others) with its streams
@@ -102,6 +93,33 @@ pub async fn spawn_process(
 }
 
 impl Container {
+    pub fn new(id: &str, bundle: PathBuf, init: Process) -> Self {
+        Self {
+            id: id.to_string(),
+            bundle,
+            mounted_rootfs: None,
+            init,
+            execs: HashMap::new(),
+            fs: None,
+            busy: Arc::default(),
+            pending_restore: None,
+            owned_upper: None,
+        }
+    }
+
+    /// The filesystem state for a checkpoint, discovering the overlay on first use.
+    pub fn fs_state(&mut self) -> Result<FsState> {
+        if self.fs.is_none() {
+            let o = crate::rootfs::overlay(&crate::rootfs::path(&self.bundle)?)?;
+            self.fs = Some(FsState {
+                upper: o.upper,
+                image_lowers: o.lowers,
+                parent: None,
+            });
+        }
+        Ok(self.fs.clone().expect("set above"))
+    }
+
     pub fn process(&self, exec_id: &str) -> Result<&Process> {
         if exec_id.is_empty() {
             return Ok(&self.init);
@@ -155,8 +173,11 @@ impl Container {
             warn!("runc delete {}: {e}", self.id);
         }
         if let Some(rootfs) = &self.mounted_rootfs {
-            unmount_rootfs(rootfs);
+            crate::rootfs::unmount(rootfs);
         }
         let _ = std::fs::remove_file(self.bundle.join("init.pid"));
+        if let Some(dir) = &self.owned_upper {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

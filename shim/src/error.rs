@@ -15,6 +15,16 @@ pub enum Error {
     #[error("process already finished")]
     ProcessFinished,
     #[error("{0}")]
+    CheckpointNotFound(String),
+    #[error("a checkpoint or restore of container {0} is already in progress")]
+    InProgress(String),
+    #[error("{0}")]
+    DiskFull(String),
+    #[error("{0}")]
+    Corrupt(String),
+    #[error("{0}")]
+    Checkpoint(String),
+    #[error("{0}")]
     FailedPrecondition(String),
     #[error("{0}")]
     InvalidArgument(String),
@@ -49,9 +59,14 @@ impl From<Error> for ttrpc::Error {
     /// keeps messages identical to runc-v2's where the cause is the same.
     fn from(e: Error) -> Self {
         let (code, kind) = match &e {
-            Error::ContainerNotFound(_) | Error::ExecNotFound { .. } | Error::ProcessFinished => {
-                (Code::NOT_FOUND, Some("not found"))
-            }
+            Error::ContainerNotFound(_)
+            | Error::ExecNotFound { .. }
+            | Error::ProcessFinished
+            | Error::CheckpointNotFound(_) => (Code::NOT_FOUND, Some("not found")),
+            Error::InProgress(_) => (Code::FAILED_PRECONDITION, Some("failed precondition")),
+            Error::DiskFull(_) => (Code::RESOURCE_EXHAUSTED, None),
+            Error::Corrupt(_) => (Code::DATA_LOSS, None),
+            Error::Checkpoint(_) => (Code::UNKNOWN, None),
             Error::AlreadyExists(_) => (Code::ALREADY_EXISTS, Some("already exists")),
             Error::FailedPrecondition(_) => {
                 (Code::FAILED_PRECONDITION, Some("failed precondition"))
@@ -65,5 +80,25 @@ impl From<Error> for ttrpc::Error {
             None => e.to_string(),
         };
         ttrpc::Error::RpcStatus(ttrpc::get_status(code, message))
+    }
+}
+
+impl Error {
+    /// The HTTP status of the control API for this error.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Error::ContainerNotFound(_)
+            | Error::ExecNotFound { .. }
+            | Error::CheckpointNotFound(_) => 404,
+            Error::InProgress(_)
+            | Error::FailedPrecondition(_)
+            | Error::ProcessFinished
+            | Error::AlreadyExists(_) => 409,
+            Error::Corrupt(_) => 422,
+            Error::DiskFull(_) => 507,
+            Error::InvalidArgument(_) => 400,
+            Error::Unimplemented(_) => 501,
+            _ => 500,
+        }
     }
 }

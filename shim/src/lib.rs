@@ -1,12 +1,17 @@
 //! The Belayer containerd shim v2 (`io.containerd.belayer.v1`): runs sandbox containers through
 //! runc and serves containerd's task API.
 
+pub mod api;
 pub mod cgroup;
+pub mod checkpoint;
 pub mod container;
+pub mod control;
 pub mod error;
 pub mod process;
 pub mod reaper;
+pub mod rootfs;
 pub mod runc;
 pub mod service;
+pub mod settings;
 pub mod stdio;
 pub mod task;

@@ -58,6 +58,11 @@ impl Process {
         self.exit_tx.send_replace(Some(exit));
     }
 
+    /// Forgets an exit: the process was restored from a checkpoint.
+    pub fn clear_exit(&mut self) {
+        self.exit_tx.send_replace(None);
+    }
+
     pub fn is_running(&self) -> bool {
         matches!(
             self.status,

@@ -68,6 +68,47 @@ pub fn watch(pid: i32) -> oneshot::Receiver<i32> {
     rx
 }
 
+/// Runs criu-bridge's runc invocations through this reaper (see [`criu_bridge::runc::Spawner`]).
+/// Blocking: call it from a blocking thread.
+pub struct ReaperSpawner;
+
+impl criu_bridge::runc::Spawner for ReaperSpawner {
+    fn output(&self, mut cmd: std::process::Command) -> std::io::Result<std::process::Output> {
+        use std::io::Read;
+        use std::os::unix::process::ExitStatusExt;
+        let mut child = cmd.spawn()?;
+        let exit = watch(child.id() as i32);
+        drop(cmd);
+        let read = |r: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut buf);
+                }
+                buf
+            })
+        };
+        let out = read(
+            child
+                .stdout
+                .take()
+                .map(|r| Box::new(r) as Box<dyn Read + Send>),
+        );
+        let err = read(
+            child
+                .stderr
+                .take()
+                .map(|r| Box::new(r) as Box<dyn Read + Send>),
+        );
+        let code = exit.blocking_recv().unwrap_or(255);
+        Ok(std::process::Output {
+            status: std::process::ExitStatus::from_raw((code & 0xff) << 8),
+            stdout: out.join().unwrap_or_default(),
+            stderr: err.join().unwrap_or_default(),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

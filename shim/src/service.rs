@@ -72,7 +72,7 @@ impl Shim for Service {
         } else {
             PathBuf::from(&self.bundle)
         };
-        crate::container::unmount_rootfs(&bundle.join("rootfs"));
+        crate::rootfs::unmount(&bundle.join("rootfs"));
         Ok(DeleteResponse {
             exit_status: 128 + libc::SIGKILL as u32,
             exited_at: MessageField::some(crate::process::now()),
@@ -89,6 +89,16 @@ impl Shim for Service {
             log::error!("start reaper: {e}");
         }
         let runc = Runc::new(runc_root(&self.namespace), false);
-        TaskService::new(&self.namespace, runc, publisher, self.exit.clone())
+        let settings = crate::settings::Settings::load().unwrap_or_else(|e| {
+            log::error!("{e}; using default settings");
+            Default::default()
+        });
+        TaskService::new(
+            &self.namespace,
+            runc,
+            settings,
+            publisher,
+            self.exit.clone(),
+        )
     }
 }

@@ -40,6 +40,7 @@ type Shared = Arc<Mutex<Container>>;
 pub struct Inner {
     pub namespace: String,
     pub runc: Runc,
+    pub settings: crate::settings::Settings,
     containers: std::sync::Mutex<HashMap<String, Shared>>,
     publisher: RemotePublisher,
     exit: Arc<ExitSignal>,
@@ -53,12 +54,14 @@ impl TaskService {
     pub fn new(
         namespace: &str,
         runc: Runc,
+        settings: crate::settings::Settings,
         publisher: RemotePublisher,
         exit: Arc<ExitSignal>,
     ) -> Self {
         Self(Arc::new(Inner {
             namespace: namespace.to_string(),
             runc,
+            settings,
             containers: Default::default(),
             publisher,
             exit,
@@ -100,11 +103,13 @@ impl Inner {
         tokio::spawn(async move {
             let code = exited.await.unwrap_or(255);
             let Ok(c) = inner.get(&id) else { return };
+            // A process replaced by a restore is no longer the one this exit is about.
             let pio = c
                 .lock()
                 .await
                 .process_mut(&exec_id)
                 .ok()
+                .filter(|p| p.pid == pid)
                 .and_then(|p| p.io.take());
             if let Some(mut pio) = pio {
                 pio.drained(DRAIN_LIMIT).await;
@@ -118,6 +123,9 @@ impl Inner {
                 let Ok(p) = c.process_mut(&exec_id) else {
                     return;
                 };
+                if p.pid != pid {
+                    return;
+                }
                 p.set_exited(exit.clone());
             }
             info!("container {id} process {exec_id:?} pid {pid} exited with {code}");
@@ -152,29 +160,42 @@ impl Inner {
             stderr: req.stderr.clone(),
             terminal: req.terminal,
         };
-        let mounted_rootfs = container::mount_rootfs(&bundle, &req.rootfs).await?;
-        let mut c = Container {
-            id: req.id.clone(),
-            bundle: bundle.clone(),
-            mounted_rootfs,
-            init: Process::new("", paths.clone()),
-            execs: HashMap::new(),
-        };
-        let (pid, pio) =
-            match container::spawn_process(&self.runc, &req.id, &bundle, &paths, None).await {
-                Ok(started) => started,
-                Err(e) => {
+        let restore = restore_options(&req)?;
+        let mut c = Container::new(&req.id, bundle.clone(), Process::new("", paths.clone()));
+        c.mounted_rootfs = crate::rootfs::mount(&bundle, &req.rootfs).await?;
+        let pid = match &restore {
+            Some(opts) => {
+                if let Err(e) = self.prepare_restore(&mut c, opts).await {
                     c.cleanup(&self.runc).await;
                     return Err(e);
                 }
-            };
-        c.init.pid = pid;
-        c.init.io = Some(pio);
+                0
+            }
+            None => {
+                match container::spawn_process(&self.runc, &req.id, &bundle, &paths, None).await {
+                    Ok((pid, pio)) => {
+                        c.init.pid = pid;
+                        c.init.io = Some(pio);
+                        pid
+                    }
+                    Err(e) => {
+                        c.cleanup(&self.runc).await;
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let control = crate::control::serve(self.clone(), &req.id).await;
         self.containers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(req.id.clone(), Arc::new(Mutex::new(c)));
-        self.monitor(&req.id, "", pid);
+        if let Err(e) = control {
+            warn!("container {}: no control socket: {e}", req.id);
+        }
+        if pid != 0 {
+            self.monitor(&req.id, "", pid);
+        }
         info!("container {} created, init pid {pid}", req.id);
         self.publish(
             TASK_CREATE_EVENT_TOPIC,
@@ -211,9 +232,16 @@ impl Inner {
                     req.id
                 )));
             }
-            self.runc.start(&req.id).await?;
-            if c.init.exit().is_none() {
-                c.init.status = Status::RUNNING;
+            match c.pending_restore.take() {
+                Some(cp) => {
+                    self.start_restored(&mut c, cp).await?;
+                }
+                None => {
+                    self.runc.start(&req.id).await?;
+                    if c.init.exit().is_none() {
+                        c.init.status = Status::RUNNING;
+                    }
+                }
             }
             let pid = c.init.pid;
             self.publish(
@@ -648,5 +676,17 @@ impl containerd_shim::Task for TaskService {
             self.0.exit.signal();
         }
         Ok(Empty::new())
+    }
+}
+
+/// The Belayer restore options a task was created with, if any.
+fn restore_options(req: &CreateTaskRequest) -> Result<Option<crate::api::RestoreOptions>> {
+    match req.options.as_ref() {
+        Some(any) if any.type_url == crate::api::RESTORE_OPTIONS_TYPE => {
+            serde_json::from_slice(&any.value).map(Some).map_err(|e| {
+                Error::InvalidArgument(format!("invalid Belayer restore options: {e}"))
+            })
+        }
+        _ => Ok(None),
     }
 }

@@ -1,0 +1,113 @@
+//! The control API every shim serves on a root-only Unix socket, HTTP/1.1 + JSON, one request per
+//! connection. Shared by the server ([`control`](crate::control)) and the `belayer` CLI.
+//!
+//! | request | body | answer |
+//! | --- | --- | --- |
+//! | `POST /v1/containers/{id}/checkpoint` | [`CheckpointRequest`] | [`CheckpointInfo`] |
+//! | `GET /v1/containers/{id}/checkpoints` | | `[CheckpointInfo]`, oldest first |
+//! | `GET /v1/containers/{id}/checkpoints/{cp}` | | [`CheckpointInfo`] |
+//! | `DELETE /v1/containers/{id}/checkpoints/{cp}` | | `{}` |
+//! | `POST /v1/containers/{id}/restore` | [`RestoreRequest`] | [`RestoreInfo`] |
+//!
+//! Errors answer 400 (bad request), 404 (no such container or checkpoint), 409 (another
+//! checkpoint or restore in progress, or the container is not running), 422 (the checkpoint is
+//! corrupt or of an unknown format), 507 (the store's disk is full) or 500, with
+//! [`ErrorBody`].
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Where the shim hosting container `id` of `namespace` listens.
+pub fn socket_path(namespace: &str, id: &str) -> PathBuf {
+    Path::new("/run/belayer/ctl")
+        .join(namespace)
+        .join(format!("{id}.sock"))
+}
+
+/// Task option type that makes a shim restore a checkpoint instead of starting the spec's
+/// process (value: JSON [`RestoreOptions`]). The CLI passes it on `Tasks.Create` for forks and
+/// for restores of a container without a task.
+pub const RESTORE_OPTIONS_TYPE: &str = "belayer.io/v1/RestoreOptions";
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RestoreOptions {
+    /// Namespace and container whose checkpoint is restored (a fork's source).
+    pub namespace: String,
+    pub container: String,
+    pub checkpoint: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CheckpointRequest {
+    /// Stop the processes after the dump (CRIU's default), instead of leaving them running.
+    #[serde(default)]
+    pub exit: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RestoreRequest {
+    /// The checkpoint to restore; the newest when absent.
+    #[serde(default)]
+    pub checkpoint: Option<u64>,
+}
+
+/// A checkpoint as `inspect` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    pub id: String,
+    pub container: String,
+    pub namespace: String,
+    pub path: PathBuf,
+    pub parent: Option<String>,
+    pub created_unix_ms: u64,
+    /// Checkpoints whose filesystem layers this one's rootfs stacks, newest first.
+    pub fs_chain: Vec<String>,
+    pub leave_running: bool,
+    pub sizes: serde_json::Value,
+    pub timings: serde_json::Value,
+    pub criu_stats: serde_json::Value,
+}
+
+impl From<&criu_bridge::Checkpoint> for CheckpointInfo {
+    fn from(cp: &criu_bridge::Checkpoint) -> Self {
+        let m = &cp.manifest;
+        Self {
+            id: m.seq.to_string(),
+            container: m.container.clone(),
+            namespace: m.namespace.clone(),
+            path: cp.dir.clone(),
+            parent: m.parent.map(|p| p.to_string()),
+            created_unix_ms: m.created_unix_ms,
+            fs_chain: m.fs_chain.iter().map(u64::to_string).collect(),
+            leave_running: m.leave_running,
+            sizes: serde_json::to_value(&m.sizes).unwrap_or_default(),
+            timings: serde_json::to_value(&m.timings).unwrap_or_default(),
+            criu_stats: serde_json::to_value(&m.criu_stats).unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RestoreInfo {
+    pub container: String,
+    pub checkpoint: String,
+    pub pid: u32,
+    /// Verification, rootfs mount and CRIU restore, milliseconds.
+    pub verify_ms: u64,
+    pub mount_ms: u64,
+    pub restore_ms: u64,
+    pub total_ms: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// Parses a checkpoint id as the CLI and API spell it.
+pub fn parse_checkpoint_id(s: &str) -> Result<u64, String> {
+    s.parse().map_err(|_| {
+        format!("invalid checkpoint id {s:?}: ids are the numbers `belayer checkpoints` lists")
+    })
+}

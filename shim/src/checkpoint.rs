@@ -1,0 +1,387 @@
+//! Full checkpoint and restore of a running container, as the control API and containerd's
+//! `Checkpoint` RPC ask for them: processes (CRIU through runc) and filesystem layer at one
+//! instant ([`criu_bridge::checkpoint_container`]), restore in place, restore at task start (forks,
+//! containers without a task).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use containerd_shim::protos::api::Status;
+use criu_bridge::runc::CriuOptions;
+use criu_bridge::{Checkpoint, CheckpointError, RestoreError, Store};
+use log::info;
+
+use crate::api::{CheckpointInfo, RestoreInfo};
+use crate::container::{Container, FsState};
+use crate::error::{Error, Result, io};
+use crate::stdio::ProcessIo;
+use crate::task::Inner;
+
+/// Marks a container busy with a checkpoint or restore for as long as it lives.
+pub struct Busy(Arc<std::sync::atomic::AtomicBool>);
+
+impl Busy {
+    pub fn take(c: &Container) -> Result<Self> {
+        if c.busy.swap(true, Ordering::AcqRel) {
+            return Err(Error::InProgress(c.id.clone()));
+        }
+        Ok(Self(c.busy.clone()))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+impl From<CheckpointError> for Error {
+    fn from(e: CheckpointError) -> Self {
+        match e {
+            CheckpointError::InProgress(id) => Error::InProgress(id),
+            CheckpointError::DiskFull { path } => Error::DiskFull(format!(
+                "disk full while writing checkpoint {}; nothing was kept",
+                path.display()
+            )),
+            CheckpointError::NotRunning { id, status } => {
+                Error::FailedPrecondition(format!("container {id} is {status}, not running"))
+            }
+            e => Error::Checkpoint(chain(&e)),
+        }
+    }
+}
+
+impl From<RestoreError> for Error {
+    fn from(e: RestoreError) -> Self {
+        match &e {
+            RestoreError::Verify { .. } => Error::Corrupt(chain(&e)),
+            RestoreError::Load(criu_bridge::store::StoreError::NotFound { .. }) => {
+                Error::CheckpointNotFound(chain(&e))
+            }
+            RestoreError::Load(_) => Error::Corrupt(chain(&e)),
+            _ => Error::Checkpoint(chain(&e)),
+        }
+    }
+}
+
+impl From<criu_bridge::store::StoreError> for Error {
+    fn from(e: criu_bridge::store::StoreError) -> Self {
+        use criu_bridge::store::StoreError as S;
+        match &e {
+            S::NotFound { .. } => Error::CheckpointNotFound(chain(&e)),
+            S::InChain { .. } => Error::FailedPrecondition(chain(&e)),
+            S::InProgress { .. } => Error::InProgress(chain(&e)),
+            S::DiskFull { .. } => Error::DiskFull(chain(&e)),
+            S::Format(_) => Error::Corrupt(chain(&e)),
+            _ => Error::Checkpoint(chain(&e)),
+        }
+    }
+}
+
+/// An error and its sources as one line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+impl Inner {
+    fn bridge_runc(&self) -> criu_bridge::runc::Runc {
+        let mut r = criu_bridge::runc::Runc::new(crate::service::runc_root(&self.namespace));
+        r.criu = self.settings.criu.clone();
+        r.spawner = Arc::new(crate::reaper::ReaperSpawner);
+        r
+    }
+
+    /// Checkpoints container `id` (processes and filesystem at one instant).
+    pub async fn checkpoint(self: &Arc<Self>, id: &str, exit: bool) -> Result<CheckpointInfo> {
+        let shared = self.get(id)?;
+        let _busy = Busy::take(
+            &*shared
+                .try_lock()
+                .map_err(|_| Error::InProgress(id.to_string()))?,
+        )?;
+        let mut c = shared.lock().await;
+        if !c.init.is_running() {
+            return Err(Error::FailedPrecondition(format!(
+                "container {id} is not running"
+            )));
+        }
+        let fs = c.fs_state()?;
+        let (runc, store, ns, cid, bundle) = (
+            self.bridge_runc(),
+            self.settings.store(),
+            self.namespace.clone(),
+            id.to_string(),
+            c.bundle.clone(),
+        );
+        let started = Instant::now();
+        let cp = tokio::task::spawn_blocking(move || {
+            criu_bridge::checkpoint_container(&criu_bridge::CheckpointRequest {
+                runc: &runc,
+                store: &store,
+                namespace: &ns,
+                id: &cid,
+                bundle: &bundle,
+                upper_dir: &fs.upper,
+                image_lowers: &fs.image_lowers,
+                parent: fs.parent.as_ref(),
+                leave_running: !exit,
+                criu: CriuOptions::default(),
+            })
+            .map_err(Error::from)
+        })
+        .await
+        .map_err(|e| Error::Checkpoint(format!("checkpoint task: {e}")))??;
+        info!(
+            "container {id} checkpoint {} taken in {:?}",
+            cp.manifest.seq,
+            started.elapsed()
+        );
+        if let Some(fs) = c.fs.as_mut() {
+            fs.parent = Some(cp.clone());
+        }
+        Ok(CheckpointInfo::from(&cp))
+    }
+
+    pub fn list_checkpoints(&self, id: &str) -> Result<Vec<CheckpointInfo>> {
+        let store = self.settings.store();
+        let seqs = store.list(&self.namespace, id)?;
+        seqs.into_iter()
+            .map(|s| Ok(CheckpointInfo::from(&store.load(&self.namespace, id, s)?)))
+            .collect()
+    }
+
+    pub fn inspect_checkpoint(&self, id: &str, seq: u64) -> Result<CheckpointInfo> {
+        Ok(CheckpointInfo::from(&self.settings.store().load(
+            &self.namespace,
+            id,
+            seq,
+        )?))
+    }
+
+    pub async fn delete_checkpoint(&self, id: &str, seq: u64) -> Result<()> {
+        let shared = self.get(id)?;
+        let c = shared.lock().await;
+        if c.fs
+            .as_ref()
+            .and_then(|f| f.parent.as_ref())
+            .is_some_and(|p| p.manifest.seq == seq)
+        {
+            // The running rootfs stacks on it: the next checkpoint still needs it.
+            return Err(Error::FailedPrecondition(format!(
+                "checkpoint {seq} of container {id} is the base of the running container's filesystem"
+            )));
+        }
+        let store = self.settings.store();
+        let ns = self.namespace.clone();
+        let cid = id.to_string();
+        tokio::task::spawn_blocking(move || store.delete(&ns, &cid, seq))
+            .await
+            .map_err(|e| Error::Checkpoint(e.to_string()))??;
+        Ok(())
+    }
+
+    /// Loads and fully verifies a checkpoint (every file's sha256) before anything is touched.
+    async fn load_verified(
+        &self,
+        namespace: &str,
+        id: &str,
+        seq: Option<u64>,
+    ) -> Result<(Checkpoint, u64)> {
+        let store = self.settings.store();
+        let (ns, cid) = (namespace.to_string(), id.to_string());
+        let started = Instant::now();
+        let cp = tokio::task::spawn_blocking(move || -> Result<Checkpoint> {
+            let cp = match seq {
+                Some(s) => store.load(&ns, &cid, s)?,
+                None => store.latest(&ns, &cid)?.ok_or_else(|| {
+                    Error::CheckpointNotFound(format!("container {cid} has no checkpoints"))
+                })?,
+            };
+            criu_bridge::verify(&store, &cp, criu_bridge::store::VerifyLevel::Full)?;
+            Ok(cp)
+        })
+        .await
+        .map_err(|e| Error::Checkpoint(e.to_string()))??;
+        criu_bridge::criu::check_criu(&self.settings.criu)
+            .map_err(|e| Error::FailedPrecondition(chain(&e)))?;
+        Ok((cp, started.elapsed().as_millis() as u64))
+    }
+
+    /// Mounts `cp`'s rootfs for container `c` on a fresh Belayer-owned upper dir.
+    fn mount_from(&self, c: &mut Container, cp: &Checkpoint) -> Result<(PathBuf, u64)> {
+        let target = crate::rootfs::path(&c.bundle)?;
+        let uppers = self.settings.uppers(&self.namespace, &c.id);
+        let generation = std::fs::read_dir(&uppers).map(|d| d.count()).unwrap_or(0) + 1;
+        let dir = uppers.join(format!("g{generation}-{}", std::process::id()));
+        let (upper, work) = (dir.join("upper"), dir.join("work"));
+        std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+        let store = self.settings.store();
+        let took = criu_bridge::mount_rootfs(&store, cp, &upper, &work, &target)?;
+        c.mounted_rootfs = Some(target);
+        if let Some(old) = c.owned_upper.replace(dir) {
+            let _ = std::fs::remove_dir_all(old);
+        }
+        c.fs = Some(FsState {
+            upper,
+            image_lowers: cp.manifest.image_lowers.clone(),
+            // A fork stacks on another container's chain: its own first checkpoint has no parent
+            // and carries that chain as its lower dirs.
+            parent: (cp.manifest.container == c.id && cp.manifest.namespace == self.namespace)
+                .then(|| cp.clone()),
+        });
+        if c.fs.as_ref().is_some_and(|f| f.parent.is_none())
+            && let Some(fs) = c.fs.as_mut()
+        {
+            fs.image_lowers = criu_bridge::rootfs_lowers(&store, cp)?;
+        }
+        Ok((c.bundle.join("init.pid"), took.as_millis() as u64))
+    }
+
+    /// `runc restore` of `cp` as container `c`, wiring its stdio to containerd's paths.
+    async fn restore_processes(
+        self: &Arc<Self>,
+        c: &mut Container,
+        cp: &Checkpoint,
+        pid_file: PathBuf,
+    ) -> Result<u32> {
+        let (stdio, pio) = ProcessIo::pipes(&c.init.paths)?;
+        let to_std = |fd: Option<std::os::fd::OwnedFd>| fd.map(std::process::Stdio::from);
+        let restore_stdio = criu_bridge::runc::RestoreStdio {
+            stdin: to_std(stdio.stdin),
+            stdout: to_std(stdio.stdout),
+            stderr: to_std(stdio.stderr),
+        };
+        let work = self
+            .settings
+            .work(&self.namespace, &c.id)
+            .join(format!("restore-{}", cp.manifest.seq));
+        let _ = std::fs::remove_dir_all(&work);
+        let (runc, cp2, id, bundle, pf) = (
+            self.bridge_runc(),
+            cp.clone(),
+            c.id.clone(),
+            c.bundle.clone(),
+            pid_file.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            criu_bridge::restore_processes(
+                &criu_bridge::RestoreRequest {
+                    runc: &runc,
+                    checkpoint: &cp2,
+                    id: &id,
+                    bundle: &bundle,
+                    work_dir: &work,
+                    detach: true,
+                    pid_file: Some(&pf),
+                    console_socket: None,
+                },
+                restore_stdio,
+            )
+            .map_err(Error::from)
+        })
+        .await
+        .map_err(|e| Error::Checkpoint(e.to_string()))??;
+        let pid = std::fs::read_to_string(&pid_file)
+            .map_err(io(format!("read {}", pid_file.display())))?
+            .trim()
+            .parse::<u32>()
+            .map_err(|e| Error::Checkpoint(format!("bad pid in {}: {e}", pid_file.display())))?;
+        c.init.pid = pid;
+        c.init.io = Some(pio);
+        c.init.status = Status::RUNNING;
+        c.init.clear_exit();
+        self.monitor(&c.id, "", pid);
+        Ok(pid)
+    }
+
+    /// Restores container `id` in place from checkpoint `seq` (default: newest), whether its
+    /// processes are alive or dead. Everything that can be checked is checked before the
+    /// running container is touched.
+    pub async fn restore(self: &Arc<Self>, id: &str, seq: Option<u64>) -> Result<RestoreInfo> {
+        let started = Instant::now();
+        let shared = self.get(id)?;
+        let _busy = Busy::take(
+            &*shared
+                .try_lock()
+                .map_err(|_| Error::InProgress(id.to_string()))?,
+        )?;
+        let mut c = shared.lock().await;
+        if c.init.paths.terminal {
+            return Err(Error::Unimplemented(format!(
+                "container {id} has a terminal; restoring terminals is not supported"
+            )));
+        }
+        let ns = self.namespace.clone();
+        let (cp, verify_ms) = self.load_verified(&ns, id, seq).await?;
+        // Point of no return: the old processes go.
+        if let Err(e) = self.runc.delete(id, true).await
+            && !e.to_string().contains("does not exist")
+        {
+            return Err(e);
+        }
+        if let Some(rootfs) = c.mounted_rootfs.take() {
+            crate::rootfs::unmount(&rootfs);
+        }
+        let (pid_file, mount_ms) = self.mount_from(&mut c, &cp)?;
+        let restore_at = Instant::now();
+        let pid = self.restore_processes(&mut c, &cp, pid_file).await?;
+        let info = RestoreInfo {
+            container: id.to_string(),
+            checkpoint: cp.manifest.seq.to_string(),
+            pid,
+            verify_ms,
+            mount_ms,
+            restore_ms: restore_at.elapsed().as_millis() as u64,
+            total_ms: started.elapsed().as_millis() as u64,
+        };
+        info!(
+            "container {id} restored from checkpoint {} in {} ms",
+            cp.manifest.seq, info.total_ms
+        );
+        Ok(info)
+    }
+
+    /// For a task created with [`RestoreOptions`](crate::api::RestoreOptions): verify the
+    /// checkpoint and mount its rootfs (at create).
+    pub async fn prepare_restore(
+        &self,
+        c: &mut Container,
+        opts: &crate::api::RestoreOptions,
+    ) -> Result<()> {
+        let (cp, _) = self
+            .load_verified(&opts.namespace, &opts.container, Some(opts.checkpoint))
+            .await?;
+        if let Some(rootfs) = c.mounted_rootfs.take() {
+            crate::rootfs::unmount(&rootfs);
+        }
+        self.mount_from(c, &cp)?;
+        c.pending_restore = Some(cp);
+        Ok(())
+    }
+
+    /// Starts a task prepared by [`Inner::prepare_restore`]: restores its processes.
+    pub async fn start_restored(
+        self: &Arc<Self>,
+        c: &mut Container,
+        cp: Checkpoint,
+    ) -> Result<u32> {
+        let pid_file = c.bundle.join("init.pid");
+        self.restore_processes(c, &cp, pid_file).await
+    }
+
+    pub fn store(&self) -> Store {
+        self.settings.store()
+    }
+}

@@ -1,0 +1,151 @@
+//! A container's root filesystem: mounting containerd's mounts, finding the overlay behind it
+//! (upper and lower dirs, for checkpoints), unmounting.
+
+use std::path::{Path, PathBuf};
+
+use containerd_shim::protos::api::Mount;
+use log::warn;
+
+use crate::error::{Error, Result, io};
+
+/// The rootfs path a bundle's config.json names (relative paths are relative to the bundle).
+pub fn path(bundle: &Path) -> Result<PathBuf> {
+    let spec = std::fs::read(bundle.join("config.json"))
+        .map_err(io(format!("read {}/config.json", bundle.display())))?;
+    let v: serde_json::Value = serde_json::from_slice(&spec)
+        .map_err(|e| Error::InvalidArgument(format!("{}/config.json: {e}", bundle.display())))?;
+    let root = v["root"]["path"].as_str().unwrap_or("rootfs");
+    Ok(if Path::new(root).is_absolute() {
+        PathBuf::from(root)
+    } else {
+        bundle.join(root)
+    })
+}
+
+/// Mounts containerd's rootfs mounts at `<bundle>/rootfs`, in order.
+pub async fn mount(bundle: &Path, mounts: &[Mount]) -> Result<Option<PathBuf>> {
+    if mounts.is_empty() {
+        return Ok(None);
+    }
+    let target = bundle.join("rootfs");
+    std::fs::create_dir_all(&target).map_err(io(format!("create {}", target.display())))?;
+    for m in mounts {
+        if let Err(source) = containerd_shim::util::mount_rootfs(m, &target).await {
+            unmount(&target);
+            return Err(Error::Shim {
+                context: format!(
+                    "mount rootfs ({} from {}) at {}",
+                    m.type_,
+                    m.source,
+                    target.display()
+                ),
+                source,
+            });
+        }
+    }
+    Ok(Some(target))
+}
+
+/// Unmounts everything at and below `target`.
+pub fn unmount(target: &Path) {
+    if let Err(e) = containerd_shim::mount::umount_recursive(target.to_str(), libc::MNT_DETACH) {
+        warn!("unmount {}: {e}", target.display());
+    }
+}
+
+/// The overlay mounted at a rootfs: its writable upper dir and its lower dirs, newest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Overlay {
+    pub upper: PathBuf,
+    pub lowers: Vec<PathBuf>,
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() && b[i + 1..i + 4].iter().all(u8::is_ascii_digit) {
+            out.push(u8::from_str_radix(&s[i + 1..i + 4], 8).unwrap_or(b'?'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Finds the overlay mounted at `target` in `mountinfo` (the topmost one if several).
+pub fn overlay_at(mountinfo: &str, target: &Path) -> Option<Overlay> {
+    let target = target.to_str()?;
+    mountinfo.lines().rev().find_map(|line| {
+        let (pre, post) = line.split_once(" - ")?;
+        if unescape(pre.split_whitespace().nth(4)?) != target {
+            return None;
+        }
+        let mut post = post.split_whitespace();
+        if post.next()? != "overlay" {
+            return None;
+        }
+        let opts = post.nth(1)?;
+        let mut upper = None;
+        let mut lowers = Vec::new();
+        for opt in opts.split(',') {
+            if let Some(u) = opt.strip_prefix("upperdir=") {
+                upper = Some(PathBuf::from(unescape(u)));
+            } else if let Some(l) = opt.strip_prefix("lowerdir=") {
+                lowers.extend(l.split(':').map(|p| PathBuf::from(unescape(p))));
+            } else if let Some(l) = opt.strip_prefix("lowerdir+=") {
+                lowers.push(PathBuf::from(unescape(l)));
+            }
+        }
+        Some(Overlay {
+            upper: upper?,
+            lowers,
+        })
+    })
+}
+
+/// The overlay behind the container's rootfs, or why there is none.
+pub fn overlay(rootfs: &Path) -> Result<Overlay> {
+    let info =
+        std::fs::read_to_string("/proc/self/mountinfo").map_err(io("read /proc/self/mountinfo"))?;
+    overlay_at(&info, rootfs).ok_or_else(|| {
+        Error::FailedPrecondition(format!(
+            "rootfs {} is not a writable overlay mount; Belayer checkpoints need an overlay snapshotter",
+            rootfs.display()
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_topmost_overlay() {
+        let info = "\
+36 25 0:32 / /run/b/rootfs rw,relatime shared:1 - overlay overlay rw,lowerdir=/s/2/fs:/s/1/fs,upperdir=/s/3/fs,workdir=/s/3/work
+37 36 0:33 / /run/b/rootfs rw,relatime - overlay overlay rw,lowerdir=/c/2:/c/1:/s/1/fs,upperdir=/u/upper,workdir=/u/work
+38 25 0:34 / /run/other rw - tmpfs tmpfs rw
+";
+        let o = overlay_at(info, Path::new("/run/b/rootfs")).unwrap();
+        assert_eq!(o.upper, PathBuf::from("/u/upper"));
+        assert_eq!(
+            o.lowers,
+            vec![
+                PathBuf::from("/c/2"),
+                PathBuf::from("/c/1"),
+                PathBuf::from("/s/1/fs")
+            ]
+        );
+        assert!(overlay_at(info, Path::new("/run/other")).is_none());
+    }
+
+    #[test]
+    fn unescapes_spaces() {
+        assert_eq!(unescape("/a\\040b"), "/a b");
+    }
+}

@@ -1,0 +1,84 @@
+//! Belayer's node settings, shared by the shim and the CLI: where checkpoints live, which CRIU to
+//! use. Read from `$BELAYER_CONFIG` (default `/etc/belayer/config.toml`) when it exists;
+//! `$BELAYER_STORE` overrides the store (the test suites give each containerd its own).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The default checkpoint store.
+pub const DEFAULT_STORE: &str = "/var/lib/belayer";
+const DEFAULT_CONFIG: &str = "/etc/belayer/config.toml";
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    /// Root of the checkpoint store (root-only, 0700).
+    pub store: PathBuf,
+    /// The CRIU binary runc runs.
+    pub criu: PathBuf,
+    /// Checkpoints kept per container by automatic checkpointing (older ones are compacted away).
+    pub keep: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            store: PathBuf::from(DEFAULT_STORE),
+            criu: PathBuf::from("criu"),
+            keep: 3,
+        }
+    }
+}
+
+impl Settings {
+    /// Loads the settings; a config file that exists but does not parse is an error.
+    pub fn load() -> Result<Self, String> {
+        let path = std::env::var_os("BELAYER_CONFIG")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+        let mut s = match std::fs::read_to_string(&path) {
+            Ok(text) => Self::parse(&path, &text)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Self::default(),
+            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        };
+        if let Some(store) = std::env::var_os("BELAYER_STORE") {
+            s.store = PathBuf::from(store);
+        }
+        Ok(s)
+    }
+
+    fn parse(path: &Path, text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| format!("invalid {}: {e}", path.display()))
+    }
+
+    pub fn store(&self) -> criu_bridge::Store {
+        criu_bridge::Store::new(&self.store)
+    }
+
+    /// Belayer-owned writable layers of restored containers.
+    pub fn uppers(&self, namespace: &str, id: &str) -> PathBuf {
+        self.store.join("uppers").join(namespace).join(id)
+    }
+
+    /// Scratch space of restores (CRIU's restore.log, stats).
+    pub fn work(&self, namespace: &str, id: &str) -> PathBuf {
+        self.store.join("work").join(namespace).join(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_rejects_unknown_keys() {
+        let s = Settings::parse(Path::new("x"), "store = \"/tmp/s\"\nkeep = 5\n").unwrap();
+        assert_eq!((s.store, s.keep), (PathBuf::from("/tmp/s"), 5));
+        assert!(
+            Settings::parse(Path::new("x"), "stroe = 1")
+                .unwrap_err()
+                .contains("stroe")
+        );
+    }
+}
