@@ -34,18 +34,17 @@ pub fn serve(mut b: Broker, stop: &dyn Fn() -> bool) -> Result<(), ServeError> {
             .next_deadline()
             .map(|d| d.saturating_duration_since(Instant::now()).min(TICK))
             .unwrap_or(TICK);
+        let holder = b.lease.as_ref().map(|l| l.peer);
         let ready = {
             let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
             for id in &ids {
                 fds.push(PollFd::new(b.peers[id].conn.as_fd(), PollFlags::POLLIN));
             }
             // The lease holder's pidfd: death is seen even if its socket is shared with a child.
-            let holder_pidfd = b
-                .lease
-                .as_ref()
-                .and_then(|l| b.peers.get(&l.peer))
-                .and_then(|p| p.pidfd.as_ref());
-            if let Some(p) = holder_pidfd {
+            if let Some(p) = holder
+                .and_then(|h| b.peers.get(&h))
+                .and_then(|p| p.pidfd.as_ref())
+            {
                 fds.push(PollFd::new(p.as_fd(), PollFlags::POLLIN));
             }
             let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
@@ -67,7 +66,10 @@ pub fn serve(mut b: Broker, stop: &dyn Fn() -> bool) -> Result<(), ServeError> {
                 read_one(&mut b, *id);
             }
         }
-        if ready.len() > ids.len() + 1 && ready[ids.len() + 1] {
+        // Only if the peer whose pidfd fired still holds the lease: a socket hang-up handled above
+        // may already have promoted a successor in this same iteration.
+        let still_holder = b.lease.as_ref().map(|l| l.peer) == holder;
+        if ready.len() > ids.len() + 1 && ready[ids.len() + 1] && still_holder {
             b.primary_lost("pid exited");
         }
         b.tick();

@@ -84,6 +84,7 @@ pub fn rebuild_times(
             "rebuild measured"
         );
     }
+    drop(_hb);
     let _ = client.release();
     Ok(out)
 }
