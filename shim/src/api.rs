@@ -25,10 +25,11 @@ pub fn socket_path(namespace: &str, id: &str) -> PathBuf {
         .join(format!("{id}.sock"))
 }
 
-/// Task option type that makes a shim restore a checkpoint instead of starting the spec's
-/// process (value: JSON [`RestoreOptions`]). The CLI passes it on `Tasks.Create` for forks and
-/// for restores of a container without a task.
-pub const RESTORE_OPTIONS_TYPE: &str = "belayer.io/v1/RestoreOptions";
+/// OCI annotation that makes a shim restore a checkpoint at task start instead of running the
+/// spec's process (value: JSON [`RestoreOptions`]). The CLI sets it in the spec of forks, and of
+/// a container without a task for the time of its restore. (containerd refuses task options of
+/// types it does not know, so the spec carries it.)
+pub const RESTORE_ANNOTATION: &str = "io.belayer.restore";
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RestoreOptions {

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod cgroup;
 pub mod checkpoint;
+pub mod cli;
 pub mod container;
 pub mod control;
 pub mod error;

@@ -73,6 +73,7 @@ impl Shim for Service {
             PathBuf::from(&self.bundle)
         };
         crate::rootfs::unmount(&bundle.join("rootfs"));
+        crate::control::remove(&self.namespace, &self.id);
         Ok(DeleteResponse {
             exit_status: 128 + libc::SIGKILL as u32,
             exited_at: MessageField::some(crate::process::now()),

@@ -160,7 +160,7 @@ impl Inner {
             stderr: req.stderr.clone(),
             terminal: req.terminal,
         };
-        let restore = restore_options(&req)?;
+        let restore = restore_options(&bundle)?;
         let mut c = Container::new(&req.id, bundle.clone(), Process::new("", paths.clone()));
         c.mounted_rootfs = crate::rootfs::mount(&bundle, &req.rootfs).await?;
         let pid = match &restore {
@@ -391,6 +391,7 @@ impl Inner {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&req.id);
+        crate::control::remove(&self.namespace, &req.id);
         info!("container {} deleted", req.id);
         self.publish(
             TASK_DELETE_EVENT_TOPIC,
@@ -679,14 +680,21 @@ impl containerd_shim::Task for TaskService {
     }
 }
 
-/// The Belayer restore options a task was created with, if any.
-fn restore_options(req: &CreateTaskRequest) -> Result<Option<crate::api::RestoreOptions>> {
-    match req.options.as_ref() {
-        Some(any) if any.type_url == crate::api::RESTORE_OPTIONS_TYPE => {
-            serde_json::from_slice(&any.value).map(Some).map_err(|e| {
-                Error::InvalidArgument(format!("invalid Belayer restore options: {e}"))
-            })
-        }
-        _ => Ok(None),
+/// The Belayer restore options a task was created with (its spec's annotation), if any.
+fn restore_options(bundle: &std::path::Path) -> Result<Option<crate::api::RestoreOptions>> {
+    let spec = std::fs::read(bundle.join("config.json")).map_err(crate::error::io(format!(
+        "read {}/config.json",
+        bundle.display()
+    )))?;
+    let v: serde_json::Value = serde_json::from_slice(&spec)
+        .map_err(|e| Error::InvalidArgument(format!("{}/config.json: {e}", bundle.display())))?;
+    match v["annotations"][crate::api::RESTORE_ANNOTATION].as_str() {
+        Some(text) => serde_json::from_str(text).map(Some).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "invalid {} annotation: {e}",
+                crate::api::RESTORE_ANNOTATION
+            ))
+        }),
+        None => Ok(None),
     }
 }

@@ -1,0 +1,193 @@
+//! The `belayer` command line: checkpoint, list, inspect, restore, fork and remove checkpoints of
+//! containers managed by containerd (any namespace, docker's `moby` too). Speaks each shim's
+//! control socket ([`api`](crate::api)) and containerd's gRPC API.
+
+pub mod containerd;
+pub mod control;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::api;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "belayer",
+    version,
+    about = "Full checkpoint and restore of containerd containers"
+)]
+pub struct Cli {
+    /// containerd's gRPC socket.
+    #[arg(
+        long,
+        global = true,
+        env = "CONTAINERD_ADDRESS",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    pub address: PathBuf,
+    /// containerd namespace (docker's is `moby`).
+    #[arg(
+        long,
+        short = 'n',
+        global = true,
+        env = "CONTAINERD_NAMESPACE",
+        default_value = "default"
+    )]
+    pub namespace: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Checkpoint a running container (processes and filesystem); prints the checkpoint id.
+    Checkpoint {
+        container: String,
+        /// Stop the container after the checkpoint.
+        #[arg(long)]
+        exit: bool,
+    },
+    /// List a container's checkpoint ids, oldest first.
+    Checkpoints { container: String },
+    /// Show a checkpoint as JSON.
+    Inspect {
+        container: String,
+        checkpoint: String,
+    },
+    /// Restore a container in place from a checkpoint (default: the newest).
+    Restore {
+        container: String,
+        #[arg(long)]
+        checkpoint: Option<String>,
+    },
+    /// Start N new containers from a checkpoint, each with its own writable layer; prints their ids.
+    Fork {
+        container: String,
+        #[arg(long)]
+        checkpoint: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
+    /// Remove a checkpoint.
+    Rm {
+        container: String,
+        checkpoint: String,
+    },
+}
+
+/// Runs the CLI; the error is the one line printed on stderr.
+pub fn run(cli: Cli) -> Result<(), String> {
+    let ns = cli.namespace.clone();
+    let ctl = |c: &str| control::Control::new(&ns, c);
+    let settings = crate::settings::Settings::load()?;
+    let store = settings.store();
+    let containerd = containerd::Containerd::new(&cli.address, &cli.namespace);
+    match cli.command {
+        Command::Checkpoint { container, exit } => {
+            let ctl = ctl(&container).require(&containerd)?;
+            let info: api::CheckpointInfo =
+                ctl.call("POST", "checkpoint", Some(&api::CheckpointRequest { exit }))?;
+            println!("{}", info.id);
+        }
+        Command::Checkpoints { container } => {
+            for seq in list(&containerd, &store, &ns, &container)? {
+                println!("{seq}");
+            }
+        }
+        Command::Inspect {
+            container,
+            checkpoint,
+        } => {
+            let seq = api::parse_checkpoint_id(&checkpoint)?;
+            let cp = store
+                .load(&ns, &container, seq)
+                .map_err(|e| not_found_or(&containerd, &container, e))?;
+            let info = api::CheckpointInfo::from(&cp);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&info).map_err(|e| e.to_string())?
+            );
+        }
+        Command::Restore {
+            container,
+            checkpoint,
+        } => {
+            let seq = checkpoint
+                .as_deref()
+                .map(api::parse_checkpoint_id)
+                .transpose()?;
+            let c = ctl(&container);
+            if c.exists() {
+                let _: api::RestoreInfo = c.call(
+                    "POST",
+                    "restore",
+                    Some(&api::RestoreRequest { checkpoint: seq }),
+                )?;
+            } else {
+                let seq = match seq {
+                    Some(s) => s,
+                    None => *list(&containerd, &store, &ns, &container)?
+                        .last()
+                        .ok_or_else(|| format!("container {container} has no checkpoints"))?,
+                };
+                containerd.restore_task(&container, seq)?;
+            }
+        }
+        Command::Fork {
+            container,
+            checkpoint,
+            count,
+        } => {
+            let seq = api::parse_checkpoint_id(&checkpoint)?;
+            store
+                .load(&ns, &container, seq)
+                .map_err(|e| not_found_or(&containerd, &container, e))?;
+            for id in containerd.fork(&container, seq, count)? {
+                println!("{id}");
+            }
+        }
+        Command::Rm {
+            container,
+            checkpoint,
+        } => {
+            let seq = api::parse_checkpoint_id(&checkpoint)?;
+            let c = ctl(&container);
+            if c.exists() {
+                c.call::<serde_json::Value>("DELETE", &format!("checkpoints/{seq}"), None::<&()>)?;
+            } else {
+                store
+                    .delete(&ns, &container, seq)
+                    .map_err(|e| not_found_or(&containerd, &container, e))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn list(
+    containerd: &containerd::Containerd,
+    store: &criu_bridge::Store,
+    ns: &str,
+    container: &str,
+) -> Result<Vec<u64>, String> {
+    let seqs = store
+        .list(ns, container)
+        .map_err(|e| crate::checkpoint::chain(&e))?;
+    if seqs.is_empty() {
+        containerd.container(container)?;
+    }
+    Ok(seqs)
+}
+
+/// A store error, unless the container itself is unknown to containerd (then that).
+fn not_found_or(
+    containerd: &containerd::Containerd,
+    container: &str,
+    e: criu_bridge::store::StoreError,
+) -> String {
+    match containerd.container(container) {
+        Err(missing) => missing,
+        Ok(_) => crate::checkpoint::chain(&e),
+    }
+}
