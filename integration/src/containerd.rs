@@ -85,6 +85,8 @@ pub struct Containerd {
     pub dir: PathBuf,
     pub sock: PathBuf,
     pub ns: String,
+    /// The Belayer checkpoint store its shims use (`$BELAYER_STORE`).
+    pub store: PathBuf,
     bin_dir: PathBuf,
     child: Option<Child>,
 }
@@ -93,6 +95,12 @@ impl Containerd {
     /// Starts a containerd of `flavor` and imports the busybox image.
     #[track_caller]
     pub fn start(flavor: Flavor) -> Self {
+        Self::start_with_store(flavor, None)
+    }
+
+    /// Like [`Containerd::start`], with Belayer's store at `store` (default: inside the test dir).
+    #[track_caller]
+    pub fn start_with_store(flavor: Flavor, store: Option<PathBuf>) -> Self {
         let bin_dir = prereq::bin_dir();
         prereq::require_bin("runc");
         match flavor {
@@ -123,6 +131,7 @@ impl Containerd {
         let mut c = Self {
             flavor,
             ns: format!("bt{}x{n}", std::process::id()),
+            store: store.unwrap_or_else(|| dir.join("store")),
             dir,
             sock,
             bin_dir,
@@ -155,6 +164,7 @@ impl Containerd {
             .arg("--config")
             .arg(self.dir.join("config.toml"))
             .env("PATH", self.path_env())
+            .env("BELAYER_STORE", &self.store)
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
@@ -236,6 +246,18 @@ impl Containerd {
         cmd.args(["-qec", &line.join(" "), "/dev/null"])
             .env("PATH", self.path_env());
         run(&mut cmd, None, Duration::from_secs(120))
+    }
+
+    /// A `belayer` CLI command against this containerd, in its namespace, with its store.
+    pub fn belayer_cmd(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(self.bin_dir.join("belayer"));
+        cmd.arg("--address").arg(&self.sock).arg("--namespace").arg(&self.ns).args(args);
+        cmd.env("BELAYER_STORE", &self.store);
+        cmd
+    }
+
+    pub fn belayer(&self, args: &[&str]) -> Out {
+        run(&mut self.belayer_cmd(args), None, Duration::from_secs(300))
     }
 
     #[track_caller]

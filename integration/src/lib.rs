@@ -7,6 +7,7 @@
 pub mod client;
 pub mod containerd;
 pub mod docker;
+pub mod episode;
 pub mod leaks;
 pub mod prereq;
 

@@ -1,0 +1,172 @@
+//! The reference episode of an agent in the Debian + Python sandbox, shared by the end-to-end
+//! tests and `belayer-bench env`: a pip install of a local wheel, file edits, files and a
+//! directory of the image deleted and replaced, chown/chmod/xattr/hardlink/symlink/fifo/sparse
+//! file, a background Python process holding 300 MB of known bytes with an open file and a
+//! listening socket, and a counter process proving one-instant consistency.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::containerd::{Containerd, Out};
+use crate::prereq;
+
+pub const SANDBOX: &str = "belayer.local/sandbox:latest";
+
+const HOLDER: &[u8] = include_bytes!("../assets/holder.py");
+const COUNTER: &[u8] = include_bytes!("../assets/counter.sh");
+const TREE: &[u8] = include_bytes!("../assets/tree.py");
+
+/// One action of the agent: a shell script run by `ctr task exec`, with optional stdin.
+pub struct Action {
+    pub name: &'static str,
+    pub script: String,
+    pub stdin: Option<Vec<u8>>,
+}
+
+fn action(name: &'static str, script: &str) -> Action {
+    Action { name, script: script.to_string(), stdin: None }
+}
+
+fn upload(name: &'static str, path: &str, data: Vec<u8>) -> Action {
+    Action { name, script: format!("mkdir -p \"$(dirname {path})\" && cat > {path}"), stdin: Some(data) }
+}
+
+/// A local wheel (`belayer_demo` 1.0), made with the host's python3.
+pub fn wheel() -> Vec<u8> {
+    let dir = std::env::temp_dir().join(format!("belayer-wheel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("wheel dir");
+    let script = dir.join("mkwheel.py");
+    std::fs::write(&script, include_bytes!("../assets/mkwheel.py")).expect("write mkwheel.py");
+    let out = dir.join("belayer_demo-1.0-py3-none-any.whl");
+    let status = std::process::Command::new("python3").arg(&script).arg(&out).status().expect("python3");
+    assert!(status.success(), "mkwheel.py failed");
+    let bytes = std::fs::read(&out).expect("wheel");
+    let _ = std::fs::remove_dir_all(&dir);
+    bytes
+}
+
+/// The episode, in order. `holder_mb` sizes the background process's memory.
+pub fn actions(holder_mb: u32) -> Vec<Action> {
+    vec![
+        upload("upload-tools", "/opt/belayer/tree.py", TREE.to_vec()),
+        upload("upload-holder", "/work/holder.py", HOLDER.to_vec()),
+        upload("upload-counter", "/work/counter.sh", COUNTER.to_vec()),
+        upload("upload-wheel", "/work/dist/belayer_demo-1.0-py3-none-any.whl", wheel()),
+        action(
+            "pip-install",
+            "pip install --no-index --break-system-packages -q /work/dist/belayer_demo-1.0-py3-none-any.whl \
+             && python3 -c 'import belayer_demo; assert belayer_demo.answer() == 42'",
+        ),
+        action(
+            "edit-files",
+            "printf 'def main():\\n    return 1\\n' > /work/main.py && sed -i 's/return 1/return 2/' /work/main.py \
+             && echo edited >> /etc/debian_version && mkdir -p /work/src/pkg && echo 'x = 1' > /work/src/pkg/mod.py",
+        ),
+        action(
+            "replace-image-files",
+            "rm /etc/issue.net && rm /etc/issue && echo replaced > /etc/issue \
+             && rm -rf /usr/share/doc/apt && mkdir /usr/share/doc/apt && echo new > /usr/share/doc/apt/NEW",
+        ),
+        action(
+            "metadata",
+            "chown 1000:1000 /work/main.py && cp /bin/true /work/suid && chmod 4755 /work/suid \
+             && setfattr -n user.belayer -v yes /work/main.py && ln /work/main.py /work/hard \
+             && ln -s main.py /work/soft && mkfifo /work/fifo \
+             && dd if=/dev/urandom of=/work/sparse bs=4096 count=1 seek=25600 status=none",
+        ),
+        Action {
+            name: "start-holder",
+            script: format!(
+                "cd /work && (nohup python3 /work/holder.py {} > /dev/null 2>&1 &) \
+                 && while [ ! -s /work/holder.ready ]; do sleep 0.05; done",
+                u64::from(holder_mb) << 20
+            ),
+            stdin: None,
+        },
+        action("start-counter", "(nohup sh /work/counter.sh > /dev/null 2>&1 &) && sleep 0.2"),
+    ]
+}
+
+/// Changes made after a checkpoint, which a restore must undo.
+pub fn more_changes() -> Vec<Action> {
+    vec![
+        action("later-edit", "echo changed > /work/main.py && rm -rf /work/src && touch /work/new-file"),
+        action("later-pip", "pip uninstall -y -q --break-system-packages belayer-demo"),
+        action("later-image", "rm -rf /usr/share/doc && echo again > /etc/issue"),
+    ]
+}
+
+static EXEC: AtomicU32 = AtomicU32::new(0);
+
+/// A running sandbox container.
+pub struct Sandbox<'a> {
+    pub c: &'a Containerd,
+    pub id: String,
+}
+
+impl<'a> Sandbox<'a> {
+    /// Imports the sandbox image (once per containerd) and starts `sleep infinity` in it.
+    #[track_caller]
+    pub fn start(c: &'a Containerd, runtime: &str, id: &str) -> Self {
+        if !c.ctr(&["images", "ls", "-q"]).stdout.lines().any(|l| l == SANDBOX) {
+            c.import(&prereq::image("sandbox.tar"));
+        }
+        c.ctr(&["run", "-d", "--runtime", runtime, SANDBOX, id, "sleep", "infinity"]).ok();
+        Self { c, id: id.to_string() }
+    }
+
+    /// Wraps an existing container (a fork, say).
+    pub fn attach(c: &'a Containerd, id: &str) -> Self {
+        Self { c, id: id.to_string() }
+    }
+
+    pub fn exec(&self, script: &str, stdin: Option<&[u8]>) -> Out {
+        let exec_id = format!("a{}", EXEC.fetch_add(1, Ordering::Relaxed));
+        let args = ["tasks", "exec", "--exec-id", &exec_id, &self.id, "sh", "-c", script];
+        match stdin {
+            Some(data) => self.c.ctr_stdin(&args, data),
+            None => self.c.ctr(&args),
+        }
+    }
+
+    /// Runs actions in order, asserting each succeeds; returns each one's wall time.
+    #[track_caller]
+    pub fn run(&self, actions: &[Action]) -> Vec<(&'static str, Duration)> {
+        actions
+            .iter()
+            .map(|a| {
+                let start = Instant::now();
+                let out = self.exec(&a.script, a.stdin.as_deref());
+                assert_eq!(out.code, 0, "action {} failed in {}: {out:?}", a.name, self.id);
+                (a.name, start.elapsed())
+            })
+            .collect()
+    }
+
+    /// The filesystem tree, one line a node (see assets/tree.py).
+    #[track_caller]
+    pub fn tree(&self) -> Vec<String> {
+        let out = self.exec("python3 /opt/belayer/tree.py", None);
+        assert_eq!(out.code, 0, "tree of {}: {}", self.id, out.stderr);
+        out.stdout.lines().map(str::to_string).collect()
+    }
+
+    /// The digest the background process reports for its memory now, and the one it had at
+    /// start (written to /work/holder.ready).
+    pub fn holder_digests(&self) -> (String, String) {
+        let ask = "python3 -c 'import socket; s = socket.create_connection((\"127.0.0.1\", 8765), timeout=30); print(s.recv(64).decode())'";
+        let now = self.exec(ask, None);
+        let start = self.exec("cat /work/holder.ready", None);
+        (now.stdout.trim().to_string(), start.stdout.trim().to_string())
+    }
+
+    /// The counter file's numbers.
+    pub fn counter(&self) -> Vec<u64> {
+        self.exec("cat /work/counter", None).stdout.lines().filter_map(|l| l.trim().parse().ok()).collect()
+    }
+}
+
+/// Whether `numbers` is exactly 1..=N (N ≥ 1).
+pub fn is_contiguous(numbers: &[u64]) -> bool {
+    !numbers.is_empty() && numbers.iter().enumerate().all(|(i, &n)| n == i as u64 + 1)
+}
