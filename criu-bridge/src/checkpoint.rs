@@ -7,7 +7,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::criu::{CriuLog, VersionError, check_criu, read_dump_stats};
 use crate::layer::{CaptureError, capture_layer};
 use crate::runc::{CriuOptions, Runc, RuncError};
-use crate::store::{CRIU_DIR, Checkpoint, FORMAT_VERSION, FS_DIR, Manifest, Store, StoreError, Timings};
+use crate::store::{
+    CRIU_DIR, Checkpoint, FORMAT_VERSION, FS_DIR, Manifest, Store, StoreError, Timings,
+};
 
 /// What to checkpoint and where.
 #[derive(Debug, Clone)]
@@ -88,7 +90,7 @@ pub enum CheckpointError {
         log: CriuLog,
         /// The cause.
         #[source]
-        source: RuncError,
+        source: Box<RuncError>,
     },
     /// The fs layer capture failed.
     #[error("cannot capture the filesystem of container {id}")]
@@ -133,7 +135,10 @@ impl CheckpointError {
         match e {
             StoreError::DiskFull { path } => Self::DiskFull { path },
             StoreError::InProgress { .. } => Self::InProgress(id.into()),
-            source => Self::Store { id: id.into(), source },
+            source => Self::Store {
+                id: id.into(),
+                source,
+            },
         }
     }
 }
@@ -147,10 +152,10 @@ struct ThawGuard<'a> {
 
 impl Drop for ThawGuard<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            if let Err(e) = self.runc.resume(self.id) {
-                tracing::warn!(container = self.id, error = %e, "cannot thaw after a failed checkpoint");
-            }
+        if self.armed
+            && let Err(e) = self.runc.resume(self.id)
+        {
+            tracing::warn!(container = self.id, error = %e, "cannot thaw after a failed checkpoint");
         }
     }
 }
@@ -170,36 +175,74 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
     let start = Instant::now();
     let id = req.id;
     check_criu(&req.runc.criu)?;
-    let lock = req.store.lock(req.namespace, id).map_err(|e| CheckpointError::store(id, e))?;
-    let state = req.runc.state(id).map_err(|source| CheckpointError::State { id: id.into(), source })?;
+    let lock = req
+        .store
+        .lock(req.namespace, id)
+        .map_err(|e| CheckpointError::store(id, e))?;
+    let state = req
+        .runc
+        .state(id)
+        .map_err(|source| CheckpointError::State {
+            id: id.into(),
+            source,
+        })?;
     if state.status != "running" && state.status != "paused" {
-        return Err(CheckpointError::NotRunning { id: id.into(), status: state.status });
+        return Err(CheckpointError::NotRunning {
+            id: id.into(),
+            status: state.status,
+        });
     }
     let spec_path = req.bundle.join("config.json");
-    let spec = std::fs::read(&spec_path).map_err(|source| CheckpointError::Spec { path: spec_path.clone(), source })?;
+    let spec = std::fs::read(&spec_path).map_err(|source| CheckpointError::Spec {
+        path: spec_path.clone(),
+        source,
+    })?;
     let parent_index = match req.parent {
         Some(p) => Some(p.read_index().map_err(|e| CheckpointError::store(id, e))?),
         None => None,
     };
-    let pending = req.store.begin(&lock).map_err(|e| CheckpointError::store(id, e))?;
+    let pending = req
+        .store
+        .begin(&lock)
+        .map_err(|e| CheckpointError::store(id, e))?;
     let mut t = Timings::default();
 
     let frozen_at = Instant::now();
     let we_pause = state.status == "running";
     if we_pause {
-        req.runc.pause(id).map_err(|source| CheckpointError::Freeze { id: id.into(), source })?;
+        req.runc
+            .pause(id)
+            .map_err(|source| CheckpointError::Freeze {
+                id: id.into(),
+                source,
+            })?;
     }
     t.freeze_us = micros(frozen_at);
-    let mut thaw = ThawGuard { runc: req.runc, id, armed: we_pause };
+    let mut thaw = ThawGuard {
+        runc: req.runc,
+        id,
+        armed: we_pause,
+    };
 
     let dump_at = Instant::now();
     let criu_dir = pending.criu_dir();
-    if let Err(source) = req.runc.checkpoint(id, &criu_dir, &criu_dir, req.leave_running, &req.criu) {
+    if let Err(source) = req
+        .runc
+        .checkpoint(id, &criu_dir, &criu_dir, req.leave_running, &req.criu)
+    {
         let log = CriuLog::read(criu_dir.join("dump.log"));
-        if log.lines.iter().any(|l| l.contains("No space left on device")) {
+        if log
+            .lines
+            .iter()
+            .any(|l| l.contains("No space left on device"))
+        {
             return Err(CheckpointError::DiskFull { path: criu_dir });
         }
-        return Err(CheckpointError::Dump { id: id.into(), log, source });
+        return Err(CheckpointError::Dump {
+            id: id.into(),
+            log,
+            source: Box::new(source),
+        });
     }
     t.dump_us = micros(dump_at);
     if !req.leave_running {
@@ -208,21 +251,32 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
     }
 
     let capture_at = Instant::now();
-    let (index, capture) = capture_layer(req.upper_dir, parent_index.as_ref(), &pending.fs_dir()).map_err(|source| match source {
+    let (index, capture) = capture_layer(req.upper_dir, parent_index.as_ref(), &pending.fs_dir())
+        .map_err(|source| match source {
         CaptureError::DiskFull(e) => CheckpointError::DiskFull { path: e.path },
-        source => CheckpointError::Capture { id: id.into(), source },
+        source => CheckpointError::Capture {
+            id: id.into(),
+            source,
+        },
     })?;
     t.fs_capture_us = micros(capture_at);
 
     if thaw.armed {
         let thaw_at = Instant::now();
         thaw.armed = false;
-        req.runc.resume(id).map_err(|source| CheckpointError::Thaw { id: id.into(), source })?;
+        req.runc
+            .resume(id)
+            .map_err(|source| CheckpointError::Thaw {
+                id: id.into(),
+                source,
+            })?;
         t.thaw_us = micros(thaw_at);
     }
     t.frozen_us = micros(frozen_at);
 
-    pending.write_index(&index).map_err(|e| CheckpointError::store(id, e))?;
+    pending
+        .write_index(&index)
+        .map_err(|e| CheckpointError::store(id, e))?;
     let criu_stats = match read_dump_stats(&criu_dir.join("stats-dump")) {
         Ok(s) => Some(s),
         Err(e) => {
@@ -242,8 +296,13 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         container: id.into(),
         seq,
         parent: req.parent.map(|p| p.manifest.seq),
-        created_unix_ms: SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64),
-        spec_digest: format!("sha256:{}", crate::tree::hex(&<sha2::Sha256 as sha2::Digest>::digest(&spec))),
+        created_unix_ms: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64),
+        spec_digest: format!(
+            "sha256:{}",
+            crate::tree::hex(&<sha2::Sha256 as sha2::Digest>::digest(&spec))
+        ),
         image_lowers: req.image_lowers.to_vec(),
         fs_chain,
         criu_dir: CRIU_DIR.into(),
@@ -256,7 +315,9 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         capture,
         files: Vec::new(),
     };
-    let cp = pending.commit(manifest).map_err(|e| CheckpointError::store(id, e))?;
+    let cp = pending
+        .commit(manifest)
+        .map_err(|e| CheckpointError::store(id, e))?;
     tracing::info!(
         container = id,
         seq,

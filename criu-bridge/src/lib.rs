@@ -2,17 +2,18 @@
 //! filesystem (incremental overlay layers) at one instant, in Belayer's checkpoint format.
 //! See README.md for the API overview and the on-disk format.
 
-pub mod layer;
-mod sys;
-pub mod tree;
+mod checkpoint;
 pub mod criu;
+pub mod layer;
+mod restore;
 pub mod runc;
 pub mod store;
-mod checkpoint;
-mod restore;
+mod sys;
+pub mod tree;
 
 pub use checkpoint::{CheckpointError, CheckpointRequest, checkpoint_container};
 pub use restore::{
-    RestoreError, RestoreReport, RestoreRequest, mount_rootfs, restore_processes, rootfs_lowers, verify,
+    RestoreError, RestoreReport, RestoreRequest, mount_rootfs, restore_processes, rootfs_lowers,
+    verify,
 };
 pub use store::{Checkpoint, Store};

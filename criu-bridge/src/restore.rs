@@ -45,7 +45,7 @@ pub enum RestoreError {
         log: CriuLog,
         /// The cause.
         #[source]
-        source: RuncError,
+        source: Box<RuncError>,
     },
     /// The restore work dir cannot be created.
     #[error("cannot create restore work dir {path}")]
@@ -60,7 +60,10 @@ pub enum RestoreError {
 
 /// Verifies `cp` and its whole fs chain before anything is touched.
 pub fn verify(store: &Store, cp: &Checkpoint, level: VerifyLevel) -> Result<(), RestoreError> {
-    verify_checkpoint(store, cp, level).map_err(|source| RestoreError::Verify { dir: cp.dir.clone(), source })
+    verify_checkpoint(store, cp, level).map_err(|source| RestoreError::Verify {
+        dir: cp.dir.clone(),
+        source,
+    })
 }
 
 /// The lower dirs of `cp`'s rootfs: its fs chain newest first, then the image lowers.
@@ -68,7 +71,11 @@ pub fn rootfs_lowers(store: &Store, cp: &Checkpoint) -> Result<Vec<PathBuf>, Res
     let m = &cp.manifest;
     let mut lowers = Vec::with_capacity(m.fs_chain.len() + m.image_lowers.len());
     for &seq in &m.fs_chain {
-        lowers.push(if seq == m.seq { cp.fs_dir() } else { store.load(&m.namespace, &m.container, seq)?.fs_dir() });
+        lowers.push(if seq == m.seq {
+            cp.fs_dir()
+        } else {
+            store.load(&m.namespace, &m.container, seq)?.fs_dir()
+        });
     }
     lowers.extend(m.image_lowers.iter().cloned());
     Ok(lowers)
@@ -77,9 +84,18 @@ pub fn rootfs_lowers(store: &Store, cp: &Checkpoint) -> Result<Vec<PathBuf>, Res
 /// Mounts `cp`'s rootfs at `target`: an overlay of its chain and the image lowers with the
 /// empty (created if missing) `upper` and `work` dirs. O(1) in the size of the layers. The
 /// new upper is what the next checkpoint captures, with `cp` as its parent.
-pub fn mount_rootfs(store: &Store, cp: &Checkpoint, upper: &Path, work: &Path, target: &Path) -> Result<Duration, RestoreError> {
+pub fn mount_rootfs(
+    store: &Store,
+    cp: &Checkpoint,
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<Duration, RestoreError> {
     let lowers = rootfs_lowers(store, cp)?;
-    mount_chain(&lowers, upper, work, target).map_err(|source| RestoreError::Mount { dir: cp.dir.clone(), source })
+    mount_chain(&lowers, upper, work, target).map_err(|source| RestoreError::Mount {
+        dir: cp.dir.clone(),
+        source,
+    })
 }
 
 /// How to restore the processes.
@@ -114,9 +130,15 @@ pub struct RestoreReport {
 }
 
 /// `runc restore` of `req.checkpoint`'s processes, with the CRIU options of the checkpoint.
-pub fn restore_processes(req: &RestoreRequest<'_>, stdio: RestoreStdio) -> Result<RestoreReport, RestoreError> {
+pub fn restore_processes(
+    req: &RestoreRequest<'_>,
+    stdio: RestoreStdio,
+) -> Result<RestoreReport, RestoreError> {
     check_criu(&req.runc.criu)?;
-    std::fs::create_dir_all(req.work_dir).map_err(|source| RestoreError::WorkDir { path: req.work_dir.into(), source })?;
+    std::fs::create_dir_all(req.work_dir).map_err(|source| RestoreError::WorkDir {
+        path: req.work_dir.into(),
+        source,
+    })?;
     let start = Instant::now();
     let image_dir = req.checkpoint.criu_dir();
     let args = RestoreArgs {
@@ -131,11 +153,13 @@ pub fn restore_processes(req: &RestoreRequest<'_>, stdio: RestoreStdio) -> Resul
         no_subreaper: false,
         no_pivot: false,
     };
-    req.runc.restore(&args, stdio).map_err(|source| RestoreError::Restore {
-        id: req.id.into(),
-        log: CriuLog::read(req.work_dir.join("restore.log")),
-        source,
-    })?;
+    req.runc
+        .restore(&args, stdio)
+        .map_err(|source| RestoreError::Restore {
+            id: req.id.into(),
+            log: CriuLog::read(req.work_dir.join("restore.log")),
+            source: Box::new(source),
+        })?;
     let duration = start.elapsed();
     let stats = read_restore_stats(&req.work_dir.join("stats-restore")).ok();
     tracing::info!(container = req.id, ?duration, "processes restored");

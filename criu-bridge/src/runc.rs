@@ -121,7 +121,13 @@ pub struct CriuOptions {
 impl Default for CriuOptions {
     /// Belayer's defaults: sockets, external unix sockets and file locks on.
     fn default() -> Self {
-        Self { tcp_established: true, ext_unix_sk: true, file_locks: true, shell_job: false, manage_cgroups_mode: None }
+        Self {
+            tcp_established: true,
+            ext_unix_sk: true,
+            file_locks: true,
+            shell_job: false,
+            manage_cgroups_mode: None,
+        }
     }
 }
 
@@ -195,28 +201,49 @@ pub struct Runc {
 
 impl fmt::Debug for Runc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Runc").field("binary", &self.binary).field("root", &self.root).field("criu", &self.criu).finish()
+        f.debug_struct("Runc")
+            .field("binary", &self.binary)
+            .field("root", &self.root)
+            .field("criu", &self.criu)
+            .finish()
     }
 }
 
 impl Runc {
     /// `runc` and `criu` from PATH with the given state root.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { binary: "runc".into(), root: root.into(), criu: "criu".into(), spawner: Arc::new(StdSpawner) }
+        Self {
+            binary: "runc".into(),
+            root: root.into(),
+            criu: "criu".into(),
+            spawner: Arc::new(StdSpawner),
+        }
     }
 
     fn command(&self) -> Command {
         let mut c = Command::new(&self.binary);
-        c.arg("--root").arg(&self.root).arg("--criu").arg(&self.criu);
+        c.arg("--root")
+            .arg(&self.root)
+            .arg("--criu")
+            .arg(&self.criu);
         // Every stdio is set explicitly, so a custom [`Spawner`] (which cannot read a
         // `Command`'s stdio back) captures exactly what `Command::output` would.
-        c.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         c
     }
 
     fn run(&self, verb: &'static str, id: &str, mut cmd: Command) -> Result<Output, RuncError> {
         cmd.arg(id);
-        let out = self.spawner.output(cmd).map_err(|source| RuncError::Spawn { binary: self.binary.clone(), verb, source })?;
+        let out = self
+            .spawner
+            .output(cmd)
+            .map_err(|source| RuncError::Spawn {
+                binary: self.binary.clone(),
+                verb,
+                source,
+            })?;
         if out.status.success() {
             return Ok(out);
         }
@@ -224,7 +251,12 @@ impl Runc {
         if message.contains("does not exist") || message.contains("container not found") {
             return Err(RuncError::NotFound(id.to_string()));
         }
-        Err(RuncError::Failed { verb, id: id.to_string(), status: out.status, message })
+        Err(RuncError::Failed {
+            verb,
+            id: id.to_string(),
+            status: out.status,
+            message,
+        })
     }
 
     /// `runc state ID`.
@@ -232,7 +264,10 @@ impl Runc {
         let mut c = self.command();
         c.arg("state");
         let out = self.run("state", id, c)?;
-        serde_json::from_slice(&out.stdout).map_err(|source| RuncError::BadState { id: id.into(), source })
+        serde_json::from_slice(&out.stdout).map_err(|source| RuncError::BadState {
+            id: id.into(),
+            source,
+        })
     }
 
     /// `runc pause ID`: freezes the container's cgroup.
@@ -261,12 +296,21 @@ impl Runc {
             c.arg(signal);
             c
         });
-        let out = out.map_err(|source| RuncError::Spawn { binary: self.binary.clone(), verb: "kill", source })?;
+        let out = out.map_err(|source| RuncError::Spawn {
+            binary: self.binary.clone(),
+            verb: "kill",
+            source,
+        })?;
         if out.status.success() {
             Ok(())
         } else {
             let message = String::from_utf8_lossy(&out.stderr).trim().to_string();
-            Err(RuncError::Failed { verb: "kill", id: id.into(), status: out.status, message })
+            Err(RuncError::Failed {
+                verb: "kill",
+                id: id.into(),
+                status: out.status,
+                message,
+            })
         }
     }
 
@@ -292,7 +336,11 @@ impl Runc {
         criu: &CriuOptions,
     ) -> Result<(), RuncError> {
         let mut c = self.command();
-        c.arg("checkpoint").arg("--image-path").arg(image_dir).arg("--work-path").arg(work_dir);
+        c.arg("checkpoint")
+            .arg("--image-path")
+            .arg(image_dir)
+            .arg("--work-path")
+            .arg(work_dir);
         if leave_running {
             c.arg("--leave-running");
         }
@@ -305,9 +353,17 @@ impl Runc {
     pub fn restore(&self, args: &RestoreArgs<'_>, stdio: RestoreStdio) -> Result<(), RuncError> {
         let log = args.work_dir.join("runc-restore.log");
         let mut c = Command::new(&self.binary);
-        c.arg("--root").arg(&self.root).arg("--criu").arg(&self.criu).arg("--log").arg(&log);
+        c.arg("--root")
+            .arg(&self.root)
+            .arg("--criu")
+            .arg(&self.criu)
+            .arg("--log")
+            .arg(&log);
         c.arg("restore").arg("--bundle").arg(args.bundle);
-        c.arg("--image-path").arg(args.image_dir).arg("--work-path").arg(args.work_dir);
+        c.arg("--image-path")
+            .arg(args.image_dir)
+            .arg("--work-path")
+            .arg(args.work_dir);
         args.criu.apply(&mut c);
         if args.detach {
             c.arg("--detach");
@@ -328,12 +384,29 @@ impl Runc {
         c.stdin(stdio.stdin.unwrap_or_else(Stdio::null));
         c.stdout(stdio.stdout.unwrap_or_else(Stdio::null));
         c.stderr(stdio.stderr.unwrap_or_else(Stdio::null));
-        let out = self.spawner.output(c).map_err(|source| RuncError::Spawn { binary: self.binary.clone(), verb: "restore", source })?;
+        let out = self.spawner.output(c).map_err(|source| RuncError::Spawn {
+            binary: self.binary.clone(),
+            verb: "restore",
+            source,
+        })?;
         if out.status.success() {
             return Ok(());
         }
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let message = text.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join(" | ");
-        Err(RuncError::Failed { verb: "restore", id: args.id.into(), status: out.status, message })
+        let message = text
+            .lines()
+            .rev()
+            .take(3)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join(" | ");
+        Err(RuncError::Failed {
+            verb: "restore",
+            id: args.id.into(),
+            status: out.status,
+            message,
+        })
     }
 }

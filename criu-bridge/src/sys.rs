@@ -9,7 +9,8 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 
 fn cpath(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
 }
 
 fn cstr(s: &OsStr) -> io::Result<CString> {
@@ -17,7 +18,11 @@ fn cstr(s: &OsStr) -> io::Result<CString> {
 }
 
 fn check(ret: libc::c_int) -> io::Result<()> {
-    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// Names of the extended attributes of `path` (not following symlinks).
@@ -53,7 +58,8 @@ pub fn lgetxattr(path: &Path, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
     let mut buf = vec![0u8; 256];
     loop {
         // SAFETY: both strings are NUL-terminated and `buf` is writable for `buf.len()` bytes.
-        let r = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let r =
+            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         if r >= 0 {
             buf.truncate(r as usize);
             return Ok(Some(buf));
@@ -72,7 +78,15 @@ pub fn lsetxattr(path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()> {
     let p = cpath(path)?;
     let n = cstr(name)?;
     // SAFETY: both strings are NUL-terminated and `value` is readable for its length.
-    check(unsafe { libc::lsetxattr(p.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) })
+    check(unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    })
 }
 
 /// Creates a special file (fifo, socket, char or block device) with `mode` (type and permission
@@ -87,11 +101,24 @@ pub fn mknod(path: &Path, mode: u32, rdev: u64) -> io::Result<()> {
 pub fn set_times(path: &Path, atime: (i64, i64), mtime: (i64, i64)) -> io::Result<()> {
     let p = cpath(path)?;
     let ts = [
-        libc::timespec { tv_sec: atime.0, tv_nsec: atime.1 },
-        libc::timespec { tv_sec: mtime.0, tv_nsec: mtime.1 },
+        libc::timespec {
+            tv_sec: atime.0,
+            tv_nsec: atime.1,
+        },
+        libc::timespec {
+            tv_sec: mtime.0,
+            tv_nsec: mtime.1,
+        },
     ];
     // SAFETY: `p` is NUL-terminated and `ts` is an array of two valid timespecs.
-    check(unsafe { libc::utimensat(libc::AT_FDCWD, p.as_ptr(), ts.as_ptr(), libc::AT_SYMLINK_NOFOLLOW) })
+    check(unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
 }
 
 /// Mounts an overlay filesystem at `target` with the given option string.
@@ -100,7 +127,15 @@ pub fn mount_overlay(target: &Path, options: &str) -> io::Result<()> {
     let data = CString::new(options).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     let fstype = c"overlay";
     // SAFETY: every pointer is a valid NUL-terminated string that outlives the call.
-    check(unsafe { libc::mount(fstype.as_ptr(), t.as_ptr(), fstype.as_ptr(), 0, data.as_ptr().cast()) })
+    check(unsafe {
+        libc::mount(
+            fstype.as_ptr(),
+            t.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            data.as_ptr().cast(),
+        )
+    })
 }
 
 /// Unmounts `target`; `detach` makes it lazy (MNT_DETACH).
@@ -126,7 +161,11 @@ pub fn rename_exchange(a: &Path, b: &Path) -> io::Result<()> {
             libc::RENAME_EXCHANGE,
         )
     };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 /// Birth time of `path` as (seconds, nanoseconds), `None` if the filesystem does not record it.
@@ -136,7 +175,13 @@ pub fn birth_time(path: &Path) -> io::Result<Option<(i64, u32)>> {
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     // SAFETY: `p` is NUL-terminated and `stx` is a valid writable statx buffer.
     check(unsafe {
-        libc::statx(libc::AT_FDCWD, p.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, libc::STATX_BTIME, &mut stx)
+        libc::statx(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BTIME,
+            &mut stx,
+        )
     })?;
     if stx.stx_mask & libc::STATX_BTIME != 0 {
         Ok(Some((stx.stx_btime.tv_sec, stx.stx_btime.tv_nsec)))
@@ -153,7 +198,11 @@ pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
         return Ok(true);
     }
     let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) { Ok(false) } else { Err(err) }
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
 }
 
 /// `lseek(fd, offset, whence)` for SEEK_DATA / SEEK_HOLE; `Ok(None)` on ENXIO (no more data).
@@ -164,7 +213,11 @@ pub fn seek_data_hole(file: &File, offset: u64, whence: libc::c_int) -> io::Resu
         return Ok(Some(r as u64));
     }
     let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ENXIO) { Ok(None) } else { Err(err) }
+    if err.raw_os_error() == Some(libc::ENXIO) {
+        Ok(None)
+    } else {
+        Err(err)
+    }
 }
 
 /// Flushes a directory's entries to disk.

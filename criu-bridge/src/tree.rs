@@ -63,7 +63,9 @@ fn walk(root: &Path, rel: &Path, out: &mut TreeSnapshot) -> io::Result<()> {
     };
     let digest = match kind {
         'f' => Some(hash_file(&path)?),
-        'l' => Some(hex(&Sha256::digest(fs::read_link(&path)?.as_os_str().as_bytes()))),
+        'l' => Some(hex(&Sha256::digest(
+            fs::read_link(&path)?.as_os_str().as_bytes(),
+        ))),
         _ => None,
     };
     let mut xattrs = BTreeMap::new();
@@ -86,7 +88,11 @@ fn walk(root: &Path, rel: &Path, out: &mut TreeSnapshot) -> io::Result<()> {
             nlink: (kind != 'd').then_some(m.nlink()),
             size: (kind == 'f').then_some(m.size()),
             digest,
-            rdev: if matches!(kind, 'c' | 'b') { m.rdev() } else { 0 },
+            rdev: if matches!(kind, 'c' | 'b') {
+                m.rdev()
+            } else {
+                0
+            },
             mtime: (!is_root).then_some((m.mtime(), m.mtime_nsec())),
             xattrs,
         },
@@ -118,7 +124,9 @@ pub fn diff_trees(expected: &TreeSnapshot, actual: &TreeSnapshot) -> Vec<String>
     for (p, e) in expected {
         match actual.get(p) {
             None => out.push(format!("missing: /{p}")),
-            Some(a) if a != e => out.push(format!("differs: /{p}\n  expected {e:?}\n  actual   {a:?}")),
+            Some(a) if a != e => {
+                out.push(format!("differs: /{p}\n  expected {e:?}\n  actual   {a:?}"))
+            }
             _ => {}
         }
     }

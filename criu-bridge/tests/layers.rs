@@ -12,7 +12,12 @@ use criu_bridge::tree::{TreeSnapshot, diff_trees, snapshot_tree};
 
 fn assert_same(what: &str, expected: &TreeSnapshot, actual: &TreeSnapshot) {
     let d = diff_trees(expected, actual);
-    assert!(d.is_empty(), "{what}: {} differences:\n{}", d.len(), d.join("\n"));
+    assert!(
+        d.is_empty(),
+        "{what}: {} differences:\n{}",
+        d.len(),
+        d.join("\n")
+    );
 }
 
 fn build_lower(lower: &Path) {
@@ -95,7 +100,13 @@ struct Capture {
     tree: TreeSnapshot,
 }
 
-fn capture(base: &Path, name: &str, upper: &Path, merged: &Path, parent: Option<&LayerIndex>) -> Capture {
+fn capture(
+    base: &Path,
+    name: &str,
+    upper: &Path,
+    merged: &Path,
+    parent: Option<&LayerIndex>,
+) -> Capture {
     let tree = snapshot_tree(merged).unwrap();
     let layer = base.join(name);
     let (index, stats) = capture_layer(upper, parent, &layer).unwrap();
@@ -103,7 +114,13 @@ fn capture(base: &Path, name: &str, upper: &Path, merged: &Path, parent: Option<
     Capture { layer, index, tree }
 }
 
-fn check_chain(base: &Path, name: &str, chain_newest_first: &[&PathBuf], lower: &Path, expected: &TreeSnapshot) {
+fn check_chain(
+    base: &Path,
+    name: &str,
+    chain_newest_first: &[&PathBuf],
+    lower: &Path,
+    expected: &TreeSnapshot,
+) {
     let mut lowers: Vec<PathBuf> = chain_newest_first.iter().map(|p| p.to_path_buf()).collect();
     lowers.push(lower.to_path_buf());
     let (_g, _upper, merged) = mount_fresh(base, name, &lowers);
@@ -130,21 +147,45 @@ fn capture_chain_of_three_and_compaction_match_the_merged_view() {
     drop(guard);
 
     // The second layer is incremental: it does not carry round-1 files that did not change.
-    assert!(!c2.layer.join("etc/app.conf").exists(), "unchanged file copied again");
-    assert!(c2.layer.join("newfile").exists(), "deleted upper-only file needs a whiteout");
+    assert!(
+        !c2.layer.join("etc/app.conf").exists(),
+        "unchanged file copied again"
+    );
+    assert!(
+        c2.layer.join("newfile").exists(),
+        "deleted upper-only file needs a whiteout"
+    );
 
     let sparse = std::fs::metadata(c1.layer.join("sparse")).unwrap();
-    assert!(sparse.blocks() * 512 < 1 << 20, "sparse file lost its holes: {} blocks", sparse.blocks());
+    assert!(
+        sparse.blocks() * 512 < 1 << 20,
+        "sparse file lost its holes: {} blocks",
+        sparse.blocks()
+    );
     let hl = std::fs::metadata(c2.layer.join("hl_a")).unwrap();
-    assert_eq!(hl.nlink(), 3, "hardlinks must stay hardlinks inside the layer");
+    assert_eq!(
+        hl.nlink(),
+        3,
+        "hardlinks must stay hardlinks inside the layer"
+    );
 
     check_chain(base, "r1", &[&c1.layer], &lower, &c1.tree);
     check_chain(base, "r2", &[&c2.layer, &c1.layer], &lower, &c2.tree);
-    check_chain(base, "r3", &[&c3.layer, &c2.layer, &c1.layer], &lower, &c3.tree);
+    check_chain(
+        base,
+        "r3",
+        &[&c3.layer, &c2.layer, &c1.layer],
+        &lower,
+        &c3.tree,
+    );
 
     let compacted = base.join("C123");
-    compact_layers(&[c1.layer.clone(), c2.layer.clone(), c3.layer.clone()], std::slice::from_ref(&lower), &compacted)
-        .unwrap();
+    compact_layers(
+        &[c1.layer.clone(), c2.layer.clone(), c3.layer.clone()],
+        std::slice::from_ref(&lower),
+        &compacted,
+    )
+    .unwrap();
     check_chain(base, "rc", &[&compacted], &lower, &c3.tree);
 
     // Compacting a prefix and stacking the rest on top is equivalent too.
@@ -167,7 +208,8 @@ fn capture_after_restore_covers_the_fresh_upper() {
     drop(guard);
 
     // Restore onto a fresh upper, keep working, capture with the old index as parent.
-    let (guard, upper2, merged2) = mount_fresh(base, "restored", &[c1.layer.clone(), lower.clone()]);
+    let (guard, upper2, merged2) =
+        mount_fresh(base, "restored", &[c1.layer.clone(), lower.clone()]);
     changes_round2(&merged2);
     changes_round3(&merged2);
     let c2 = capture(base, "L2", &upper2, &merged2, Some(&c1.index));

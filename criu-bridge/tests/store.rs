@@ -41,16 +41,22 @@ fn manifest(seq: u64, parent: Option<&Checkpoint>, lower: &Path) -> Manifest {
 }
 
 /// A checkpoint without processes: fake CRIU images plus a real layer capture of `upper`.
-fn fake_checkpoint(store: &Store, upper: &Path, lower: &Path, parent: Option<&Checkpoint>) -> Result<Checkpoint, StoreError> {
+fn fake_checkpoint(
+    store: &Store,
+    upper: &Path,
+    lower: &Path,
+    parent: Option<&Checkpoint>,
+) -> Result<Checkpoint, StoreError> {
     let lock = store.lock("default", "c1")?;
     let pending = store.begin(&lock)?;
     fs::write(pending.criu_dir().join("pages-1.img"), vec![7u8; 100_000]).unwrap();
     fs::write(pending.criu_dir().join("core-1.img"), b"core").unwrap();
     let parent_index = parent.map(|p| p.read_index().unwrap());
-    let (index, capture) = capture_layer(upper, parent_index.as_ref(), &pending.fs_dir()).map_err(|e| match e {
-        criu_bridge::layer::CaptureError::DiskFull(c) => StoreError::DiskFull { path: c.path },
-        e => panic!("{e}"),
-    })?;
+    let (index, capture) =
+        capture_layer(upper, parent_index.as_ref(), &pending.fs_dir()).map_err(|e| match e {
+            criu_bridge::layer::CaptureError::DiskFull(c) => StoreError::DiskFull { path: c.path },
+            e => panic!("{e}"),
+        })?;
     pending.write_index(&index)?;
     let mut m = manifest(pending.seq(), parent, lower);
     m.capture = capture;
@@ -72,9 +78,17 @@ fn env() -> Env {
     let lower = tmp.path().join("lower");
     fs::create_dir_all(lower.join("etc")).unwrap();
     fs::write(lower.join("etc/os"), "img").unwrap();
-    let (mount, upper, merged) = common::mount_fresh(tmp.path(), "live", std::slice::from_ref(&lower));
+    let (mount, upper, merged) =
+        common::mount_fresh(tmp.path(), "live", std::slice::from_ref(&lower));
     let store = Store::new(tmp.path().join("store"));
-    Env { store, lower, upper, merged, _mount: mount, _tmp: tmp }
+    Env {
+        store,
+        lower,
+        upper,
+        merged,
+        _mount: mount,
+        _tmp: tmp,
+    }
 }
 
 #[test]
@@ -85,8 +99,17 @@ fn written_checkpoints_verify_and_are_private() {
     assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
     verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap();
     use std::os::unix::fs::PermissionsExt;
-    for d in [e.store.root().join("checkpoints"), cp.dir.clone(), cp.criu_dir()] {
-        assert_eq!(fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700, "{}", d.display());
+    for d in [
+        e.store.root().join("checkpoints"),
+        cp.dir.clone(),
+        cp.criu_dir(),
+    ] {
+        assert_eq!(
+            fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+            0o700,
+            "{}",
+            d.display()
+        );
     }
     let loaded = e.store.load("default", "c1", 1).unwrap();
     assert_eq!(loaded, cp);
@@ -104,21 +127,33 @@ fn a_corrupt_byte_names_the_file() {
     fs::write(&victim, bytes).unwrap();
     verify_checkpoint(&e.store, &cp, VerifyLevel::Sizes).unwrap();
     let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap_err();
-    assert!(matches!(&err, VerifyError::Corrupt { file, .. } if *file == victim), "{err}");
+    assert!(
+        matches!(&err, VerifyError::Corrupt { file, .. } if *file == victim),
+        "{err}"
+    );
     assert!(err.to_string().contains("pages-1.img"), "{err}");
 
     fs::write(cp.fs_dir().join("a"), "data\nmore").unwrap();
     fs::write(cp.criu_dir().join("pages-1.img"), vec![7u8; 100_000]).unwrap();
     let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Sizes).unwrap_err();
-    assert!(matches!(&err, VerifyError::Changed { file, .. } if file.ends_with("fs/a")), "{err}");
+    assert!(
+        matches!(&err, VerifyError::Changed { file, .. } if file.ends_with("fs/a")),
+        "{err}"
+    );
     fs::write(cp.fs_dir().join("a"), "data\n").unwrap();
     fs::write(cp.fs_dir().join("planted"), "x").unwrap();
     let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap_err();
-    assert!(matches!(&err, VerifyError::Extra { file } if file.ends_with("fs/planted")), "{err}");
+    assert!(
+        matches!(&err, VerifyError::Extra { file } if file.ends_with("fs/planted")),
+        "{err}"
+    );
     fs::remove_file(cp.fs_dir().join("planted")).unwrap();
     fs::remove_file(cp.criu_dir().join("core-1.img")).unwrap();
     let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap_err();
-    assert!(matches!(&err, VerifyError::Missing { file } if file.ends_with("criu/core-1.img")), "{err}");
+    assert!(
+        matches!(&err, VerifyError::Missing { file } if file.ends_with("criu/core-1.img")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -130,13 +165,26 @@ fn truncated_manifest_and_unknown_version_are_clear_errors() {
     let good = fs::read(&path).unwrap();
     fs::write(&path, &good[..good.len() - 40]).unwrap();
     let err = e.store.load("default", "c1", 1).unwrap_err();
-    assert!(matches!(err, StoreError::Format(FormatError::Truncated { .. })), "{err}");
+    assert!(
+        matches!(err, StoreError::Format(FormatError::Truncated { .. })),
+        "{err}"
+    );
     assert!(err.to_string().contains("truncated"), "{err}");
 
-    let text = String::from_utf8(good).unwrap().replacen("\"format_version\": 1", "\"format_version\": 99", 1);
+    let text = String::from_utf8(good).unwrap().replacen(
+        "\"format_version\": 1",
+        "\"format_version\": 99",
+        1,
+    );
     fs::write(&path, text).unwrap();
     let err = e.store.load("default", "c1", 1).unwrap_err();
-    assert!(matches!(err, StoreError::Format(FormatError::UnknownVersion { found: 99, .. })), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::Format(FormatError::UnknownVersion { found: 99, .. })
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("format_version 99"), "{err}");
 
     let err = e.store.load("default", "c1", 42).unwrap_err();
@@ -167,7 +215,18 @@ fn partial_checkpoints_are_never_listed_and_are_cleaned() {
         std::mem::forget(pending); // a crash: the temp dir stays
     }
     let dir = e.store.container_dir("default", "c1").unwrap();
-    let tmp_count = || fs::read_dir(&dir).unwrap().filter(|d| d.as_ref().unwrap().file_name().to_string_lossy().starts_with(".tmp-")).count();
+    let tmp_count = || {
+        fs::read_dir(&dir)
+            .unwrap()
+            .filter(|d| {
+                d.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".tmp-")
+            })
+            .count()
+    };
     assert_eq!(tmp_count(), 1);
     assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
     assert_eq!(tmp_count(), 0, "left-over temp dir not cleaned");
@@ -178,7 +237,10 @@ fn a_full_disk_leaves_no_partial_checkpoint() {
     let e = env();
     let small = e._tmp.path().join("small");
     fs::create_dir_all(&small).unwrap();
-    sh(e._tmp.path(), &format!("mount -t tmpfs -o size=2m tmpfs {}", small.display()));
+    sh(
+        e._tmp.path(),
+        &format!("mount -t tmpfs -o size=2m tmpfs {}", small.display()),
+    );
     let _g = MountGuard(small.clone());
     let store = Store::new(&small);
     sh(&e.merged, "head -c 4000000 /dev/urandom > big");
@@ -186,8 +248,15 @@ fn a_full_disk_leaves_no_partial_checkpoint() {
     assert!(matches!(err, StoreError::DiskFull { .. }), "{err}");
     assert!(err.to_string().contains("disk full"), "{err}");
     assert!(store.list("default", "c1").unwrap().is_empty());
-    let leftovers: Vec<_> = fs::read_dir(store.container_dir("default", "c1").unwrap()).unwrap().map(|d| d.unwrap().file_name()).collect();
-    assert_eq!(leftovers, [std::ffi::OsString::from(".lock")], "partial files left: {leftovers:?}");
+    let leftovers: Vec<_> = fs::read_dir(store.container_dir("default", "c1").unwrap())
+        .unwrap()
+        .map(|d| d.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        leftovers,
+        [std::ffi::OsString::from(".lock")],
+        "partial files left: {leftovers:?}"
+    );
     // After freeing space, the next checkpoint works.
     fs::remove_file(e.merged.join("big")).unwrap();
     fake_checkpoint(&store, &e.upper, &e.lower, None).unwrap();
@@ -206,7 +275,16 @@ fn chains_keep_their_members_until_compacted() {
     let expected = criu_bridge::tree::snapshot_tree(&e.merged).unwrap();
 
     let err = e.store.delete("default", "c1", 1).unwrap_err();
-    assert!(matches!(err, StoreError::InChain { seq: 1, needed_by: 2 }), "{err}");
+    assert!(
+        matches!(
+            err,
+            StoreError::InChain {
+                seq: 1,
+                needed_by: 2
+            }
+        ),
+        "{err}"
+    );
 
     for seq in [2, 3] {
         e.store.compact("default", "c1", seq).unwrap();
@@ -232,6 +310,12 @@ fn chains_keep_their_members_until_compacted() {
 fn bad_names_are_refused() {
     let store = Store::new("/nonexistent");
     for bad in ["", "..", ".hidden", "a/b", "x y"] {
-        assert!(matches!(store.container_dir("default", bad), Err(StoreError::BadName { .. })), "{bad:?}");
+        assert!(
+            matches!(
+                store.container_dir("default", bad),
+                Err(StoreError::BadName { .. })
+            ),
+            "{bad:?}"
+        );
     }
 }

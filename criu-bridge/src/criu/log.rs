@@ -28,7 +28,10 @@ impl CriuLog {
     /// Reads `path` and keeps its relevant lines; a missing log gives no lines.
     pub fn read(path: PathBuf) -> Self {
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        Self { lines: error_lines(&text, 12), path }
+        Self {
+            lines: error_lines(&text, 12),
+            path,
+        }
     }
 }
 
@@ -46,7 +49,10 @@ pub fn error_lines(log: &str, max: usize) -> Vec<String> {
         return errors.into_iter().skip(skip).collect();
     }
     let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(max.min(3))..].iter().map(|l| l.trim().to_string()).collect()
+    lines[lines.len().saturating_sub(max.min(3))..]
+        .iter()
+        .map(|l| l.trim().to_string())
+        .collect()
 }
 
 #[cfg(test)]

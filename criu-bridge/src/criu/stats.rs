@@ -91,8 +91,14 @@ pub enum StatsError {
 /// Reads `stats-dump` (CRIU writes it into its work dir).
 pub fn read_dump_stats(path: &Path) -> Result<DumpStats, StatsError> {
     let entry = read_entry(path)?;
-    let body = find_field(&entry, 1).map_err(|what| StatsError::Malformed { path: path.into(), what })?;
-    let body = body.ok_or_else(|| StatsError::Missing { path: path.into(), part: "dump" })?;
+    let body = find_field(&entry, 1).map_err(|what| StatsError::Malformed {
+        path: path.into(),
+        what,
+    })?;
+    let body = body.ok_or_else(|| StatsError::Missing {
+        path: path.into(),
+        part: "dump",
+    })?;
     let mut s = DumpStats::default();
     for_each_varint(body, |field, v| match field {
         1 => s.freezing_time_us = v,
@@ -107,15 +113,24 @@ pub fn read_dump_stats(path: &Path) -> Result<DumpStats, StatsError> {
         14 => s.shpages_written = Some(v),
         _ => {}
     })
-    .map_err(|what| StatsError::Malformed { path: path.into(), what })?;
+    .map_err(|what| StatsError::Malformed {
+        path: path.into(),
+        what,
+    })?;
     Ok(s)
 }
 
 /// Reads `stats-restore` (CRIU writes it into its work dir).
 pub fn read_restore_stats(path: &Path) -> Result<RestoreStats, StatsError> {
     let entry = read_entry(path)?;
-    let body = find_field(&entry, 2).map_err(|what| StatsError::Malformed { path: path.into(), what })?;
-    let body = body.ok_or_else(|| StatsError::Missing { path: path.into(), part: "restore" })?;
+    let body = find_field(&entry, 2).map_err(|what| StatsError::Malformed {
+        path: path.into(),
+        what,
+    })?;
+    let body = body.ok_or_else(|| StatsError::Missing {
+        path: path.into(),
+        part: "restore",
+    })?;
     let mut s = RestoreStats::default();
     for_each_varint(body, |field, v| match field {
         1 => s.pages_compared = v,
@@ -125,25 +140,45 @@ pub fn read_restore_stats(path: &Path) -> Result<RestoreStats, StatsError> {
         5 => s.pages_restored = Some(v),
         _ => {}
     })
-    .map_err(|what| StatsError::Malformed { path: path.into(), what })?;
+    .map_err(|what| StatsError::Malformed {
+        path: path.into(),
+        what,
+    })?;
     Ok(s)
 }
 
 /// The bytes of the single `StatsEntry` after the magics and the size prefix.
 fn read_entry(path: &Path) -> Result<Vec<u8>, StatsError> {
-    let data = std::fs::read(path).map_err(|source| StatsError::Read { path: path.into(), source })?;
-    let word = |i: usize| data.get(i..i + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    let malformed = |what| StatsError::Malformed { path: path.into(), what };
+    let data = std::fs::read(path).map_err(|source| StatsError::Read {
+        path: path.into(),
+        source,
+    })?;
+    let word = |i: usize| {
+        data.get(i..i + 4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let malformed = |what| StatsError::Malformed {
+        path: path.into(),
+        what,
+    };
     let first = word(0).ok_or_else(|| malformed("shorter than its magic"))?;
     if first != IMG_SERVICE_MAGIC {
-        return Err(StatsError::BadMagic { path: path.into(), found: first });
+        return Err(StatsError::BadMagic {
+            path: path.into(),
+            found: first,
+        });
     }
     let second = word(4).ok_or_else(|| malformed("shorter than its magic"))?;
     if second != STATS_MAGIC {
-        return Err(StatsError::BadMagic { path: path.into(), found: second });
+        return Err(StatsError::BadMagic {
+            path: path.into(),
+            found: second,
+        });
     }
     let size = word(8).ok_or_else(|| malformed("no entry size"))? as usize;
-    let body = data.get(12..12 + size).ok_or_else(|| malformed("entry shorter than its size"))?;
+    let body = data
+        .get(12..12 + size)
+        .ok_or_else(|| malformed("entry shorter than its size"))?;
     Ok(body.to_vec())
 }
 
@@ -179,7 +214,11 @@ fn walk_fields<'a>(buf: &'a [u8], mut f: impl FnMut(u64, Field<'a>)) -> Result<(
             _ => return Err("unknown wire type"),
         }
     }
-    if pos > buf.len() { Err("truncated field") } else { Ok(()) }
+    if pos > buf.len() {
+        Err("truncated field")
+    } else {
+        Ok(())
+    }
 }
 
 enum Field<'a> {
@@ -237,17 +276,35 @@ mod tests {
     fn decodes_a_real_stats_restore() {
         let f = write(RESTORE);
         let s = read_restore_stats(f.path()).unwrap();
-        assert_eq!(s, RestoreStats { pages_compared: 9, pages_skipped_cow: 2, forking_time_us: 263, restore_time_us: 139899, pages_restored: Some(31) });
-        assert!(matches!(read_dump_stats(f.path()), Err(StatsError::Missing { part: "dump", .. })));
+        assert_eq!(
+            s,
+            RestoreStats {
+                pages_compared: 9,
+                pages_skipped_cow: 2,
+                forking_time_us: 263,
+                restore_time_us: 139899,
+                pages_restored: Some(31)
+            }
+        );
+        assert!(matches!(
+            read_dump_stats(f.path()),
+            Err(StatsError::Missing { part: "dump", .. })
+        ));
     }
 
     #[test]
     fn rejects_bad_magic_and_truncation() {
         let f = write(&DUMP[..20]);
-        assert!(matches!(read_dump_stats(f.path()), Err(StatsError::Malformed { .. })));
+        assert!(matches!(
+            read_dump_stats(f.path()),
+            Err(StatsError::Malformed { .. })
+        ));
         let mut bad = DUMP.to_vec();
         bad[0] = 0;
         let f = write(&bad);
-        assert!(matches!(read_dump_stats(f.path()), Err(StatsError::BadMagic { .. })));
+        assert!(matches!(
+            read_dump_stats(f.path()),
+            Err(StatsError::BadMagic { .. })
+        ));
     }
 }

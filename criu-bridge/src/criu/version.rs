@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// A CRIU release number.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct CriuVersion {
     /// Major.
     pub major: u32,
@@ -23,7 +25,11 @@ impl fmt::Display for CriuVersion {
 }
 
 /// The oldest CRIU that dumps TCP/UDP sockets on this kernel.
-pub const MIN_CRIU_VERSION: CriuVersion = CriuVersion { major: 4, minor: 2, patch: 0 };
+pub const MIN_CRIU_VERSION: CriuVersion = CriuVersion {
+    major: 4,
+    minor: 2,
+    patch: 0,
+};
 
 /// Why the CRIU gate refused.
 #[derive(Debug, thiserror::Error)]
@@ -46,7 +52,9 @@ pub enum VersionError {
         output: String,
     },
     /// CRIU is too old.
-    #[error("CRIU {found} at {binary} is too old: Belayer needs >= {MIN_CRIU_VERSION} (older ones fail to dump sockets on this kernel)")]
+    #[error(
+        "CRIU {found} at {binary} is too old: Belayer needs >= {MIN_CRIU_VERSION} (older ones fail to dump sockets on this kernel)"
+    )]
     TooOld {
         /// The CRIU binary.
         binary: PathBuf,
@@ -57,12 +65,18 @@ pub enum VersionError {
 
 /// Reads the version out of `criu --version` output ("Version: 4.2.1", maybe a "GitID:" line).
 pub fn parse_version(output: &str) -> Option<CriuVersion> {
-    let line = output.lines().find_map(|l| l.trim().strip_prefix("Version:"))?;
+    let line = output
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Version:"))?;
     let mut parts = line.trim().split(['.', '-', ' ']).map(|p| p.parse::<u32>());
     let major = parts.next()?.ok()?;
     let minor = parts.next().and_then(Result::ok).unwrap_or(0);
     let patch = parts.next().and_then(Result::ok).unwrap_or(0);
-    Some(CriuVersion { major, minor, patch })
+    Some(CriuVersion {
+        major,
+        minor,
+        patch,
+    })
 }
 
 /// Runs `criu --version` and checks it is at least [`MIN_CRIU_VERSION`].
@@ -70,11 +84,20 @@ pub fn check_criu(binary: &Path) -> Result<CriuVersion, VersionError> {
     let out = Command::new(binary)
         .arg("--version")
         .output()
-        .map_err(|source| VersionError::NotRunnable { binary: binary.into(), source })?;
+        .map_err(|source| VersionError::NotRunnable {
+            binary: binary.into(),
+            source,
+        })?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let found = parse_version(&text).ok_or_else(|| VersionError::Unparsable { binary: binary.into(), output: text })?;
+    let found = parse_version(&text).ok_or_else(|| VersionError::Unparsable {
+        binary: binary.into(),
+        output: text,
+    })?;
     if found < MIN_CRIU_VERSION {
-        return Err(VersionError::TooOld { binary: binary.into(), found });
+        return Err(VersionError::TooOld {
+            binary: binary.into(),
+            found,
+        });
     }
     Ok(found)
 }
@@ -86,16 +109,33 @@ mod tests {
     #[test]
     fn parses_release_and_git_builds() {
         let v = parse_version("Version: 4.2.1\n").unwrap();
-        assert_eq!(v, CriuVersion { major: 4, minor: 2, patch: 1 });
+        assert_eq!(
+            v,
+            CriuVersion {
+                major: 4,
+                minor: 2,
+                patch: 1
+            }
+        );
         let v = parse_version("Version: 3.17\nGitID: v3.17-1-gabc\n").unwrap();
-        assert_eq!(v, CriuVersion { major: 3, minor: 17, patch: 0 });
+        assert_eq!(
+            v,
+            CriuVersion {
+                major: 3,
+                minor: 17,
+                patch: 0
+            }
+        );
         assert!(v < MIN_CRIU_VERSION);
         assert!(parse_version("criu: unknown option").is_none());
     }
 
     #[test]
     fn too_old_names_the_installed_version() {
-        let e = VersionError::TooOld { binary: "/usr/sbin/criu".into(), found: parse_version("Version: 4.1.1").unwrap() };
+        let e = VersionError::TooOld {
+            binary: "/usr/sbin/criu".into(),
+            found: parse_version("Version: 4.1.1").unwrap(),
+        };
         let msg = e.to_string();
         assert!(msg.contains("4.1.1") && msg.contains(">= 4.2.0"), "{msg}");
     }

@@ -8,7 +8,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::copy::{self, CopyError, Copier};
+use super::copy::{self, Copier, CopyError};
 use super::index::{IndexEntry, LayerIndex, UpperIdentity, decode_path, encode_path};
 use crate::sys;
 
@@ -25,7 +25,9 @@ pub enum CaptureError {
         source: std::io::Error,
     },
     /// The upper dir uses an overlay feature a layer cannot carry.
-    #[error("{path} uses overlay {feature}; mount the container's overlay with redirect_dir=off,metacopy=off")]
+    #[error(
+        "{path} uses overlay {feature}; mount the container's overlay with redirect_dir=off,metacopy=off"
+    )]
     Unsupported {
         /// The node.
         path: PathBuf,
@@ -45,7 +47,11 @@ pub enum CaptureError {
 
 impl From<CopyError> for CaptureError {
     fn from(e: CopyError) -> Self {
-        if e.is_disk_full() { Self::DiskFull(e) } else { Self::Copy(e) }
+        if e.is_disk_full() {
+            Self::DiskFull(e)
+        } else {
+            Self::Copy(e)
+        }
     }
 }
 
@@ -96,12 +102,21 @@ pub fn capture_layer(
     out: &Path,
 ) -> Result<(LayerIndex, CaptureStats), CaptureError> {
     let start = Instant::now();
-    let identity = UpperIdentity::of(upper).map_err(|source| CaptureError::ReadUpper { path: upper.into(), source })?;
+    let identity = UpperIdentity::of(upper).map_err(|source| CaptureError::ReadUpper {
+        path: upper.into(),
+        source,
+    })?;
     let parent = parent.filter(|p| p.upper == identity);
     if fs::symlink_metadata(out).is_ok() {
         return Err(CaptureError::Exists(out.into()));
     }
-    let mut plan = Plan { index: BTreeMap::new(), metas: HashMap::new(), actions: Vec::new(), full_dirs: HashSet::new(), opaque_dirs: HashSet::new() };
+    let mut plan = Plan {
+        index: BTreeMap::new(),
+        metas: HashMap::new(),
+        actions: Vec::new(),
+        full_dirs: HashSet::new(),
+        opaque_dirs: HashSet::new(),
+    };
     let empty = BTreeMap::new();
     let old = parent.map(|p| &p.entries).unwrap_or(&empty);
     scan_dir(upper, String::new(), old, parent.is_none(), &mut plan)?;
@@ -109,7 +124,10 @@ pub fn capture_layer(
     let deletions = add_deletions(old, &mut plan);
 
     let mut copier = Copier::default();
-    let root_meta = fs::symlink_metadata(upper).map_err(|source| CaptureError::ReadUpper { path: upper.into(), source })?;
+    let root_meta = fs::symlink_metadata(upper).map_err(|source| CaptureError::ReadUpper {
+        path: upper.into(),
+        source,
+    })?;
     copier.copy_node(upper, out, &root_meta)?;
     let mut created: HashSet<String> = HashSet::from([String::new()]);
     for (rel, action) in &plan.actions {
@@ -134,7 +152,13 @@ pub fn capture_layer(
         duration: start.elapsed(),
     };
     tracing::debug!(upper = %upper.display(), nodes = stats.nodes_written, bytes = stats.bytes_written, "layer captured");
-    Ok((LayerIndex { upper: identity, entries: plan.index }, stats))
+    Ok((
+        LayerIndex {
+            upper: identity,
+            entries: plan.index,
+        },
+        stats,
+    ))
 }
 
 fn parent_of(rel: &str) -> &str {
@@ -143,7 +167,11 @@ fn parent_of(rel: &str) -> &str {
 
 fn join_rel(dir: &str, name: &OsStr) -> String {
     let name = encode_path(Path::new(name));
-    if dir.is_empty() { name } else { format!("{dir}/{name}") }
+    if dir.is_empty() {
+        name
+    } else {
+        format!("{dir}/{name}")
+    }
 }
 
 /// Walks `dir` (relative path `rel`), recording the new index and the actions. `all` means every
@@ -156,13 +184,23 @@ fn scan_dir(
     plan: &mut Plan,
 ) -> Result<(), CaptureError> {
     let dir = upper.join(decode_path(&rel));
-    let read_err = |source| CaptureError::ReadUpper { path: dir.clone(), source };
-    let mut names: Vec<_> = fs::read_dir(&dir).map_err(read_err)?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>().map_err(read_err)?;
+    let read_err = |source| CaptureError::ReadUpper {
+        path: dir.clone(),
+        source,
+    };
+    let mut names: Vec<_> = fs::read_dir(&dir)
+        .map_err(read_err)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(read_err)?;
     names.sort();
     for name in names {
         let child = join_rel(&rel, &name);
         let path = dir.join(&name);
-        let meta = fs::symlink_metadata(&path).map_err(|source| CaptureError::ReadUpper { path: path.clone(), source })?;
+        let meta = fs::symlink_metadata(&path).map_err(|source| CaptureError::ReadUpper {
+            path: path.clone(),
+            source,
+        })?;
         let is_dir = meta.is_dir();
         let opaque = is_dir && copy::is_opaque(&path)?;
         let now = IndexEntry::from_meta(&meta, opaque);
@@ -175,7 +213,11 @@ fn scan_dir(
         plan.metas.insert(child.clone(), meta);
         if is_dir {
             let replaced = prev.is_some_and(|p| p.ino != now.ino || !p.is_dir());
-            let layer_opaque = if all { opaque } else { replaced || (opaque && !prev.is_some_and(|p| p.opaque)) };
+            let layer_opaque = if all {
+                opaque
+            } else {
+                replaced || (opaque && !prev.is_some_and(|p| p.opaque))
+            };
             let full = all || layer_opaque || prev.is_none();
             if layer_opaque {
                 plan.opaque_dirs.insert(child.clone());
@@ -200,27 +242,49 @@ fn check_supported(path: &Path, is_dir: bool) -> Result<(), CaptureError> {
     } else {
         ("trusted.overlay.metacopy", "metacopy")
     };
-    if sys::lgetxattr(path, OsStr::new(name)).ok().flatten().is_some() {
-        return Err(CaptureError::Unsupported { path: path.into(), feature });
+    if sys::lgetxattr(path, OsStr::new(name))
+        .ok()
+        .flatten()
+        .is_some()
+    {
+        return Err(CaptureError::Unsupported {
+            path: path.into(),
+            feature,
+        });
     }
     Ok(())
 }
 
 /// A hardlinked inode is written with all its names, so the layer keeps the link count.
 fn add_link_partners(plan: &mut Plan) {
-    let copied: HashSet<&String> =
-        plan.actions.iter().filter(|(_, a)| matches!(a, Action::Copy)).map(|(r, _)| r).collect();
-    let linked: HashSet<u64> = copied.iter().map(|r| &plan.index[*r]).filter(|e| e.nlink > 1 && !e.is_dir()).map(|e| e.ino).collect();
+    let copied: HashSet<&String> = plan
+        .actions
+        .iter()
+        .filter(|(_, a)| matches!(a, Action::Copy))
+        .map(|(r, _)| r)
+        .collect();
+    let linked: HashSet<u64> = copied
+        .iter()
+        .map(|r| &plan.index[*r])
+        .filter(|e| e.nlink > 1 && !e.is_dir())
+        .map(|e| e.ino)
+        .collect();
     if linked.is_empty() {
         return;
     }
     let extra: Vec<String> = plan
         .index
         .iter()
-        .filter(|(r, e)| e.nlink > 1 && linked.contains(&e.ino) && !copied.contains(r) && !is_whiteout_meta(&plan.metas[*r]))
+        .filter(|(r, e)| {
+            e.nlink > 1
+                && linked.contains(&e.ino)
+                && !copied.contains(r)
+                && !is_whiteout_meta(&plan.metas[*r])
+        })
         .map(|(r, _)| r.clone())
         .collect();
-    plan.actions.extend(extra.into_iter().map(|r| (r, Action::Copy)));
+    plan.actions
+        .extend(extra.into_iter().map(|r| (r, Action::Copy)));
 }
 
 fn is_whiteout_meta(m: &Metadata) -> bool {

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::copy::{self, CopyError, Copier};
+use super::copy::{self, Copier, CopyError};
 
 /// Why a compaction failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +35,11 @@ pub enum CompactError {
 
 impl From<CopyError> for CompactError {
     fn from(e: CopyError) -> Self {
-        if e.is_disk_full() { Self::DiskFull(e) } else { Self::Copy(e) }
+        if e.is_disk_full() {
+            Self::DiskFull(e)
+        } else {
+            Self::Copy(e)
+        }
     }
 }
 
@@ -45,7 +49,11 @@ impl From<CopyError> for CompactError {
 ///
 /// Link counts: a hardlinked file whose partner a later layer replaced shows its real link count
 /// in the compacted layer, where the chain showed the count of the older layer's inode.
-pub fn compact_layers(layers: &[PathBuf], image_lowers: &[PathBuf], out: &Path) -> Result<Duration, CompactError> {
+pub fn compact_layers(
+    layers: &[PathBuf],
+    image_lowers: &[PathBuf],
+    out: &Path,
+) -> Result<Duration, CompactError> {
     let start = Instant::now();
     if layers.is_empty() {
         return Err(CompactError::Empty);
@@ -67,14 +75,29 @@ pub fn compact_layers(layers: &[PathBuf], image_lowers: &[PathBuf], out: &Path) 
 }
 
 fn read_meta(path: &Path) -> Result<fs::Metadata, CompactError> {
-    fs::symlink_metadata(path).map_err(|source| CompactError::ReadLayer { path: path.into(), source })
+    fs::symlink_metadata(path).map_err(|source| CompactError::ReadLayer {
+        path: path.into(),
+        source,
+    })
 }
 
-fn apply_dir(layer: &Path, out: &Path, rel: &Path, image: &[PathBuf], copier: &mut Copier) -> Result<(), CompactError> {
+fn apply_dir(
+    layer: &Path,
+    out: &Path,
+    rel: &Path,
+    image: &[PathBuf],
+    copier: &mut Copier,
+) -> Result<(), CompactError> {
     let dir = layer.join(rel);
-    let read_err = |source| CompactError::ReadLayer { path: dir.clone(), source };
-    let mut names: Vec<_> =
-        fs::read_dir(&dir).map_err(read_err)?.map(|e| e.map(|e| e.file_name())).collect::<Result<_, _>>().map_err(read_err)?;
+    let read_err = |source| CompactError::ReadLayer {
+        path: dir.clone(),
+        source,
+    };
+    let mut names: Vec<_> = fs::read_dir(&dir)
+        .map_err(read_err)?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(read_err)?;
     names.sort();
     for name in names {
         let child = rel.join(&name);
@@ -83,7 +106,11 @@ fn apply_dir(layer: &Path, out: &Path, rel: &Path, image: &[PathBuf], copier: &m
         let meta = read_meta(&src)?;
         if copy::is_whiteout(&meta) {
             copy::remove_any(&dst)?;
-            if image.is_empty() || image.iter().any(|l| fs::symlink_metadata(l.join(&child)).is_ok()) {
+            if image.is_empty()
+                || image
+                    .iter()
+                    .any(|l| fs::symlink_metadata(l.join(&child)).is_ok())
+            {
                 copy::make_whiteout(&dst)?;
             }
         } else if meta.is_dir() {

@@ -37,7 +37,11 @@ impl CopyError {
 }
 
 pub(crate) fn step<T>(r: io::Result<T>, step: &'static str, path: &Path) -> Result<T, CopyError> {
-    r.map_err(|source| CopyError { step, path: path.to_path_buf(), source })
+    r.map_err(|source| CopyError {
+        step,
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Is `meta` an overlay whiteout (char device 0/0)?
@@ -47,7 +51,11 @@ pub(crate) fn is_whiteout(meta: &Metadata) -> bool {
 
 /// Is `dir` marked opaque?
 pub(crate) fn is_opaque(dir: &Path) -> Result<bool, CopyError> {
-    let v = step(sys::lgetxattr(dir, OsStr::new(OPAQUE_XATTR)), "read xattrs of", dir)?;
+    let v = step(
+        sys::lgetxattr(dir, OsStr::new(OPAQUE_XATTR)),
+        "read xattrs of",
+        dir,
+    )?;
     Ok(v.as_deref() == Some(b"y"))
 }
 
@@ -58,7 +66,11 @@ pub(crate) fn make_whiteout(dst: &Path) -> Result<(), CopyError> {
 
 /// Marks `dir` opaque.
 pub(crate) fn set_opaque(dir: &Path) -> Result<(), CopyError> {
-    step(sys::lsetxattr(dir, OsStr::new(OPAQUE_XATTR), b"y"), "mark opaque", dir)
+    step(
+        sys::lsetxattr(dir, OsStr::new(OPAQUE_XATTR), b"y"),
+        "mark opaque",
+        dir,
+    )
 }
 
 /// Removes whatever is at `path` (a subtree too); absent is fine.
@@ -99,7 +111,11 @@ impl Copier {
 
     /// Owner, xattrs, then mode (chown clears setuid and capabilities, so it comes first).
     fn apply_meta(&self, src: &Path, dst: &Path, meta: &Metadata) -> Result<(), CopyError> {
-        step(std::os::unix::fs::lchown(dst, Some(meta.uid()), Some(meta.gid())), "chown", dst)?;
+        step(
+            std::os::unix::fs::lchown(dst, Some(meta.uid()), Some(meta.gid())),
+            "chown",
+            dst,
+        )?;
         self.copy_xattrs(src, dst)?;
         if !meta.file_type().is_symlink() {
             let perm = fs::Permissions::from_mode(meta.mode() & 0o7777);
@@ -112,7 +128,10 @@ impl Copier {
     /// are created empty; call [`Copier::finish`] after their children to set their mtimes.
     pub fn copy_node(&mut self, src: &Path, dst: &Path, meta: &Metadata) -> Result<(), CopyError> {
         let ft = meta.file_type();
-        let times = ((meta.atime(), meta.atime_nsec()), (meta.mtime(), meta.mtime_nsec()));
+        let times = (
+            (meta.atime(), meta.atime_nsec()),
+            (meta.mtime(), meta.mtime_nsec()),
+        );
         self.nodes += 1;
         if ft.is_dir() {
             step(fs::create_dir(dst), "create directory", dst)?;
@@ -124,19 +143,27 @@ impl Copier {
             return make_whiteout(dst);
         }
         let key = (meta.dev(), meta.ino());
-        if meta.nlink() > 1 {
-            if let Some(first) = self.links.get(&key) {
-                return step(fs::hard_link(first, dst), "hardlink", dst);
-            }
+        if meta.nlink() > 1
+            && let Some(first) = self.links.get(&key)
+        {
+            return step(fs::hard_link(first, dst), "hardlink", dst);
         }
         if ft.is_file() {
             self.bytes += copy_sparse(src, dst)?;
         } else if ft.is_symlink() {
             let target = step(fs::read_link(src), "read symlink", src)?;
-            step(std::os::unix::fs::symlink(&target, dst), "create symlink", dst)?;
+            step(
+                std::os::unix::fs::symlink(&target, dst),
+                "create symlink",
+                dst,
+            )?;
         } else {
             let kind = meta.mode() & libc::S_IFMT;
-            step(sys::mknod(dst, kind | 0o600, meta.rdev()), "create special file", dst)?;
+            step(
+                sys::mknod(dst, kind | 0o600, meta.rdev()),
+                "create special file",
+                dst,
+            )?;
         }
         self.apply_meta(src, dst, meta)?;
         step(sys::set_times(dst, times.0, times.1), "set times of", dst)?;
@@ -153,7 +180,8 @@ impl Copier {
 
     /// Sets directory mtimes, deepest first (creating children changes a directory's mtime).
     pub fn finish(&mut self) -> Result<(), CopyError> {
-        self.dir_times.sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
+        self.dir_times
+            .sort_by_key(|(p, _)| std::cmp::Reverse(p.components().count()));
         for (dir, mtime) in self.dir_times.drain(..) {
             // A later layer may have replaced or removed the directory (compaction).
             if !fs::symlink_metadata(&dir).is_ok_and(|m| m.is_dir()) {
@@ -176,7 +204,8 @@ impl Copier {
             }
         }
         self.apply_meta(src, dst, meta)?;
-        self.dir_times.push((dst.to_path_buf(), (meta.mtime(), meta.mtime_nsec())));
+        self.dir_times
+            .push((dst.to_path_buf(), (meta.mtime(), meta.mtime_nsec())));
         Ok(())
     }
 }
@@ -209,10 +238,20 @@ fn copy_sparse(src: &Path, dst: &Path) -> Result<u64, CopyError> {
     let mut pos = 0u64;
     let mut buf = vec![0u8; 1 << 20];
     while pos < len {
-        let Some(data) = step(sys::seek_data_hole(&from, pos, libc::SEEK_DATA), "seek data in", src)? else {
+        let Some(data) = step(
+            sys::seek_data_hole(&from, pos, libc::SEEK_DATA),
+            "seek data in",
+            src,
+        )?
+        else {
             break;
         };
-        let hole = step(sys::seek_data_hole(&from, data, libc::SEEK_HOLE), "seek hole in", src)?.unwrap_or(len);
+        let hole = step(
+            sys::seek_data_hole(&from, data, libc::SEEK_HOLE),
+            "seek hole in",
+            src,
+        )?
+        .unwrap_or(len);
         step(from.seek(SeekFrom::Start(data)), "seek in", src)?;
         step(to.seek(SeekFrom::Start(data)), "seek in", dst)?;
         let mut left = hole - data;

@@ -24,7 +24,11 @@ impl UpperIdentity {
     /// Reads the identity of `upper`.
     pub fn of(upper: &Path) -> std::io::Result<Self> {
         let m = std::fs::symlink_metadata(upper)?;
-        Ok(Self { dev: m.dev(), ino: m.ino(), btime: crate::sys::birth_time(upper)? })
+        Ok(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            btime: crate::sys::birth_time(upper)?,
+        })
     }
 }
 
@@ -60,7 +64,10 @@ impl IndexEntry {
 
     /// Same node, unchanged since the index was taken?
     pub(crate) fn unchanged(&self, now: &IndexEntry) -> bool {
-        self.ino == now.ino && self.ctime == now.ctime && self.size == now.size && self.mode == now.mode
+        self.ino == now.ino
+            && self.ctime == now.ctime
+            && self.size == now.size
+            && self.mode == now.mode
     }
 
     pub(crate) fn is_dir(&self) -> bool {
@@ -99,12 +106,13 @@ pub fn decode_path(s: &str) -> PathBuf {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() {
-            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(v);
-                i += 3;
-                continue;
-            }
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(v);
+            i += 3;
+            continue;
         }
         out.push(b[i]);
         i += 1;
@@ -119,7 +127,13 @@ mod tests {
     #[test]
     fn path_encoding_round_trips() {
         use std::os::unix::ffi::OsStrExt;
-        for raw in [&b"a/b c"[..], b"100%/x", b"caf\xc3\xa9", b"bad\xff\x01name", b"%"] {
+        for raw in [
+            &b"a/b c"[..],
+            b"100%/x",
+            b"caf\xc3\xa9",
+            b"bad\xff\x01name",
+            b"%",
+        ] {
             let p = Path::new(std::ffi::OsStr::from_bytes(raw));
             let e = encode_path(p);
             assert!(e.is_ascii());

@@ -28,7 +28,9 @@ pub enum MountError {
     #[error("path {0} contains ',', ':' or '\\', which overlay mount options cannot carry")]
     BadPath(PathBuf),
     /// The option string is longer than one page, the limit of mount(2).
-    #[error("overlay options are {len} bytes, over the {limit}-byte page limit of mount(2); compact the chain or use shorter store paths")]
+    #[error(
+        "overlay options are {len} bytes, over the {limit}-byte page limit of mount(2); compact the chain or use shorter store paths"
+    )]
     OptionsTooLong {
         /// Length of the options string (with its NUL).
         len: usize,
@@ -64,16 +66,26 @@ pub enum MountError {
 }
 
 /// The option string for an overlay mount, checked against the page-size limit.
-pub fn overlay_options(lowers: &[PathBuf], upper: &Path, work: &Path) -> Result<String, MountError> {
+pub fn overlay_options(
+    lowers: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+) -> Result<String, MountError> {
     if lowers.is_empty() {
         return Err(MountError::NoLowers);
     }
     if lowers.len() > MAX_LOWER_DIRS {
-        return Err(MountError::TooManyLowers { count: lowers.len() });
+        return Err(MountError::TooManyLowers {
+            count: lowers.len(),
+        });
     }
     let all = lowers.iter().map(PathBuf::as_path).chain([upper, work]);
     for p in all {
-        if p.as_os_str().as_bytes().iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
+        if p.as_os_str()
+            .as_bytes()
+            .iter()
+            .any(|b| matches!(b, b',' | b':' | b'\\'))
+        {
             return Err(MountError::BadPath(p.into()));
         }
     }
@@ -86,13 +98,19 @@ pub fn overlay_options(lowers: &[PathBuf], upper: &Path, work: &Path) -> Result<
     );
     let limit = sys::page_size();
     if options.len() + 1 > limit {
-        return Err(MountError::OptionsTooLong { len: options.len() + 1, limit });
+        return Err(MountError::OptionsTooLong {
+            len: options.len() + 1,
+            limit,
+        });
     }
     Ok(options)
 }
 
 fn prepare_empty(dir: &Path) -> Result<(), MountError> {
-    let prep = |source| MountError::Prepare { path: dir.into(), source };
+    let prep = |source| MountError::Prepare {
+        path: dir.into(),
+        source,
+    };
     fs::create_dir_all(dir).map_err(prep)?;
     if fs::read_dir(dir).map_err(prep)?.next().is_some() {
         return Err(MountError::NotEmpty(dir.into()));
@@ -103,7 +121,12 @@ fn prepare_empty(dir: &Path) -> Result<(), MountError> {
 /// Mounts at `target` an overlay of `lowers` (newest first: the checkpoint chain, then the image
 /// lower dirs) with the empty `upper` and `work` dirs (created if missing). The fresh upper's
 /// root takes the owner and mode of the newest lower's root, so `/` looks as it did.
-pub fn mount_chain(lowers: &[PathBuf], upper: &Path, work: &Path, target: &Path) -> Result<Duration, MountError> {
+pub fn mount_chain(
+    lowers: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<Duration, MountError> {
     let start = Instant::now();
     let options = overlay_options(lowers, upper, work)?;
     for l in lowers {
@@ -113,11 +136,24 @@ pub fn mount_chain(lowers: &[PathBuf], upper: &Path, work: &Path, target: &Path)
     }
     prepare_empty(upper)?;
     prepare_empty(work)?;
-    fs::create_dir_all(target).map_err(|source| MountError::Prepare { path: target.into(), source })?;
-    let top = fs::symlink_metadata(&lowers[0]).map_err(|source| MountError::Prepare { path: lowers[0].clone(), source })?;
-    let prep = |source| MountError::Prepare { path: upper.into(), source };
+    fs::create_dir_all(target).map_err(|source| MountError::Prepare {
+        path: target.into(),
+        source,
+    })?;
+    let top = fs::symlink_metadata(&lowers[0]).map_err(|source| MountError::Prepare {
+        path: lowers[0].clone(),
+        source,
+    })?;
+    let prep = |source| MountError::Prepare {
+        path: upper.into(),
+        source,
+    };
     std::os::unix::fs::lchown(upper, Some(top.uid()), Some(top.gid())).map_err(prep)?;
-    fs::set_permissions(upper, std::os::unix::fs::PermissionsExt::from_mode(top.mode() & 0o7777)).map_err(prep)?;
+    fs::set_permissions(
+        upper,
+        std::os::unix::fs::PermissionsExt::from_mode(top.mode() & 0o7777),
+    )
+    .map_err(prep)?;
     let mtime = (top.mtime(), top.mtime_nsec());
     sys::set_times(upper, mtime, mtime).map_err(prep)?;
     sys::mount_overlay(target, &options).map_err(|source| MountError::Mount {

@@ -14,16 +14,27 @@ use crate::tree::hex;
 
 /// Lists every node under `dir` except the top-level manifest, sorted by path. With `sync`,
 /// every file and directory is fsynced while it is read (a checkpoint is written once).
-pub(crate) fn record(dir: &Path, sync: bool) -> Result<Vec<FileEntry>, (std::path::PathBuf, io::Error)> {
+pub(crate) fn record(
+    dir: &Path,
+    sync: bool,
+) -> Result<Vec<FileEntry>, (std::path::PathBuf, io::Error)> {
     let mut out = Vec::new();
     walk(dir, Path::new(""), sync, &mut out)?;
     out.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(out)
 }
 
-fn walk(root: &Path, rel: &Path, sync: bool, out: &mut Vec<FileEntry>) -> Result<(), (std::path::PathBuf, io::Error)> {
+fn walk(
+    root: &Path,
+    rel: &Path,
+    sync: bool,
+    out: &mut Vec<FileEntry>,
+) -> Result<(), (std::path::PathBuf, io::Error)> {
     let dir = root.join(rel);
-    let err = |p: &Path| { let p = p.to_path_buf(); move |e| (p, e) };
+    let err = |p: &Path| {
+        let p = p.to_path_buf();
+        move |e| (p, e)
+    };
     for e in fs::read_dir(&dir).map_err(err(&dir))? {
         let e = e.map_err(err(&dir))?;
         let name = e.file_name();
@@ -50,7 +61,12 @@ fn walk(root: &Path, rel: &Path, sync: bool, out: &mut Vec<FileEntry>) -> Result
         } else {
             ('s', 0, None)
         };
-        out.push(FileEntry { path: encode_path(&child), kind, size, sha256 });
+        out.push(FileEntry {
+            path: encode_path(&child),
+            kind,
+            size,
+            sha256,
+        });
         if kind == 'd' {
             walk(root, &child, sync, out)?;
         }

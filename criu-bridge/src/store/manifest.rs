@@ -132,13 +132,17 @@ pub enum FormatError {
         size: u64,
     },
     /// The manifest does not start with a format version.
-    #[error("manifest {path} does not start with a format_version (truncated or not a Belayer manifest)")]
+    #[error(
+        "manifest {path} does not start with a format_version (truncated or not a Belayer manifest)"
+    )]
     NoVersion {
         /// The manifest.
         path: PathBuf,
     },
     /// The format version is not one this build reads.
-    #[error("manifest {path} has format_version {found}; this build reads version {FORMAT_VERSION}")]
+    #[error(
+        "manifest {path} has format_version {found}; this build reads version {FORMAT_VERSION}"
+    )]
     UnknownVersion {
         /// The manifest.
         path: PathBuf,
@@ -169,7 +173,11 @@ pub enum FormatError {
 pub fn probe_version(bytes: &[u8]) -> Option<u64> {
     let text = std::str::from_utf8(&bytes[..bytes.len().min(128)]).ok()?;
     let rest = text.trim_start().strip_prefix('{')?.trim_start();
-    let rest = rest.strip_prefix("\"format_version\"")?.trim_start().strip_prefix(':')?.trim_start();
+    let rest = rest
+        .strip_prefix("\"format_version\"")?
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start();
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
     let after = rest[digits.len()..].trim_start();
     if digits.is_empty() || !(after.starts_with(',') || after.starts_with('}')) {
@@ -181,31 +189,52 @@ pub fn probe_version(bytes: &[u8]) -> Option<u64> {
 impl Manifest {
     /// Reads and checks a manifest: size bound, then format version, then the rest.
     pub fn read(path: &Path) -> Result<Self, FormatError> {
-        let read_err = |source| FormatError::Read { path: path.into(), source };
+        let read_err = |source| FormatError::Read {
+            path: path.into(),
+            source,
+        };
         let file = std::fs::File::open(path).map_err(read_err)?;
         let size = file.metadata().map_err(read_err)?.len();
         if size > MAX_MANIFEST_BYTES {
-            return Err(FormatError::TooLarge { path: path.into(), size });
+            return Err(FormatError::TooLarge {
+                path: path.into(),
+                size,
+            });
         }
         let mut bytes = Vec::with_capacity(size as usize);
-        file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut bytes).map_err(read_err)?;
+        file.take(MAX_MANIFEST_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read_err)?;
         Self::parse(path, &bytes)
     }
 
     /// Checks and parses manifest bytes (`path` only names the file in errors).
     pub fn parse(path: &Path, bytes: &[u8]) -> Result<Self, FormatError> {
         if bytes.len() as u64 > MAX_MANIFEST_BYTES {
-            return Err(FormatError::TooLarge { path: path.into(), size: bytes.len() as u64 });
+            return Err(FormatError::TooLarge {
+                path: path.into(),
+                size: bytes.len() as u64,
+            });
         }
-        let version = probe_version(bytes).ok_or_else(|| FormatError::NoVersion { path: path.into() })?;
+        let version =
+            probe_version(bytes).ok_or_else(|| FormatError::NoVersion { path: path.into() })?;
         if version != u64::from(FORMAT_VERSION) {
-            return Err(FormatError::UnknownVersion { path: path.into(), found: version });
+            return Err(FormatError::UnknownVersion {
+                path: path.into(),
+                found: version,
+            });
         }
         serde_json::from_slice(bytes).map_err(|source| {
             if source.is_eof() {
-                FormatError::Truncated { path: path.into(), source }
+                FormatError::Truncated {
+                    path: path.into(),
+                    source,
+                }
             } else {
-                FormatError::Malformed { path: path.into(), source }
+                FormatError::Malformed {
+                    path: path.into(),
+                    source,
+                }
             }
         })
     }
@@ -241,7 +270,12 @@ mod tests {
             timings: Timings::default(),
             criu_stats: None,
             capture: CaptureStats::default(),
-            files: vec![FileEntry { path: "criu/x.img".into(), kind: 'f', size: 3, sha256: Some("ab".into()) }],
+            files: vec![FileEntry {
+                path: "criu/x.img".into(),
+                kind: 'f',
+                size: 3,
+                sha256: Some("ab".into()),
+            }],
         }
     }
 
@@ -255,8 +289,12 @@ mod tests {
 
     #[test]
     fn unknown_version_is_refused_before_parsing_the_rest() {
-        let e = Manifest::parse(Path::new("m"), br#"{"format_version": 7, "anything": ["#).unwrap_err();
-        assert!(matches!(e, FormatError::UnknownVersion { found: 7, .. }), "{e}");
+        let e =
+            Manifest::parse(Path::new("m"), br#"{"format_version": 7, "anything": ["#).unwrap_err();
+        assert!(
+            matches!(e, FormatError::UnknownVersion { found: 7, .. }),
+            "{e}"
+        );
         assert!(e.to_string().contains("format_version 7"));
     }
 

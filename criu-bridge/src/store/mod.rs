@@ -12,11 +12,11 @@ use std::fs;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-pub use manifest::{
-    CRIU_DIR, FORMAT_VERSION, FS_DIR, FileEntry, FormatError, INDEX_FILE, MANIFEST_FILE, MAX_MANIFEST_BYTES, Manifest,
-    Sizes, Timings, probe_version,
-};
 pub use compact::CompactCheckpointError;
+pub use manifest::{
+    CRIU_DIR, FORMAT_VERSION, FS_DIR, FileEntry, FormatError, INDEX_FILE, MANIFEST_FILE,
+    MAX_MANIFEST_BYTES, Manifest, Sizes, Timings, probe_version,
+};
 pub use pending::PendingCheckpoint;
 pub use verify::{VerifyError, VerifyLevel, verify_checkpoint, verify_dir};
 
@@ -65,7 +65,9 @@ pub enum StoreError {
         path: PathBuf,
     },
     /// A later checkpoint's filesystem depends on this one.
-    #[error("checkpoint {seq} is part of the fs chain of checkpoint {needed_by}; compact {needed_by} first")]
+    #[error(
+        "checkpoint {seq} is part of the fs chain of checkpoint {needed_by}; compact {needed_by} first"
+    )]
     InChain {
         /// The checkpoint to delete.
         seq: u64,
@@ -93,7 +95,11 @@ impl StoreError {
         if crate::sys::is_disk_full(&source) {
             Self::DiskFull { path: path.into() }
         } else {
-            Self::Io { step, path: path.into(), source }
+            Self::Io {
+                step,
+                path: path.into(),
+                source,
+            }
         }
     }
 }
@@ -122,7 +128,8 @@ impl Checkpoint {
     pub fn read_index(&self) -> Result<LayerIndex, StoreError> {
         let path = self.dir.join(INDEX_FILE);
         let bytes = fs::read(&path).map_err(|e| StoreError::io("read", &path, e))?;
-        serde_json::from_slice(&bytes).map_err(|source| FormatError::Malformed { path, source }.into())
+        serde_json::from_slice(&bytes)
+            .map_err(|source| FormatError::Malformed { path, source }.into())
     }
 }
 
@@ -149,12 +156,25 @@ fn check_name(what: &'static str, name: &str) -> Result<(), StoreError> {
     let ok = !name.is_empty()
         && name.len() <= 255
         && !name.starts_with('.')
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
-    if ok { Ok(()) } else { Err(StoreError::BadName { what, name: name.into() }) }
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::BadName {
+            what,
+            name: name.into(),
+        })
+    }
 }
 
 pub(crate) fn mkdir_private(path: &Path) -> Result<(), StoreError> {
-    match fs::DirBuilder::new().recursive(true).mode(0o700).create(path) {
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+    {
         Ok(()) => Ok(()),
         Err(e) => Err(StoreError::io("create", path, e)),
     }
@@ -175,15 +195,24 @@ impl Store {
     pub fn container_dir(&self, namespace: &str, container: &str) -> Result<PathBuf, StoreError> {
         check_name("namespace", namespace)?;
         check_name("container id", container)?;
-        Ok(self.root.join("checkpoints").join(namespace).join(container))
+        Ok(self
+            .root
+            .join("checkpoints")
+            .join(namespace)
+            .join(container))
     }
 
     /// Takes the per-container lock; [`StoreError::InProgress`] when someone holds it.
     pub fn lock(&self, namespace: &str, container: &str) -> Result<ContainerLock, StoreError> {
         let dir = self.container_dir(namespace, container)?;
         mkdir_private(&dir)?;
-        for d in [self.root.join("checkpoints"), self.root.join("checkpoints").join(namespace), dir.clone()] {
-            fs::set_permissions(&d, fs::Permissions::from_mode(0o700)).map_err(|e| StoreError::io("chmod", &d, e))?;
+        for d in [
+            self.root.join("checkpoints"),
+            self.root.join("checkpoints").join(namespace),
+            dir.clone(),
+        ] {
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o700))
+                .map_err(|e| StoreError::io("chmod", &d, e))?;
         }
         let path = dir.join(LOCK_FILE);
         let file = fs::OpenOptions::new()
@@ -194,7 +223,10 @@ impl Store {
             .map_err(|e| StoreError::io("open", &path, e))?;
         match crate::sys::try_lock_exclusive(&file) {
             Ok(true) => Ok(ContainerLock { _file: file, dir }),
-            Ok(false) => Err(StoreError::InProgress { namespace: namespace.into(), container: container.into() }),
+            Ok(false) => Err(StoreError::InProgress {
+                namespace: namespace.into(),
+                container: container.into(),
+            }),
             Err(e) => Err(StoreError::io("lock", &path, e)),
         }
     }
@@ -216,18 +248,18 @@ impl Store {
             let name = name.to_string_lossy();
             if name.starts_with(TMP_PREFIX) {
                 leftovers.push(e.path());
-            } else if let Ok(seq) = name.parse::<u64>() {
-                if e.path().join(MANIFEST_FILE).is_file() {
-                    seqs.push(seq);
-                }
+            } else if let Ok(seq) = name.parse::<u64>()
+                && e.path().join(MANIFEST_FILE).is_file()
+            {
+                seqs.push(seq);
             }
         }
-        if !leftovers.is_empty() {
-            if let Ok(_lock) = self.lock(namespace, container) {
-                for p in leftovers {
-                    tracing::info!(path = %p.display(), "removing left-over partial checkpoint");
-                    let _ = fs::remove_dir_all(&p);
-                }
+        if !leftovers.is_empty()
+            && let Ok(_lock) = self.lock(namespace, container)
+        {
+            for p in leftovers {
+                tracing::info!(path = %p.display(), "removing left-over partial checkpoint");
+                let _ = fs::remove_dir_all(&p);
             }
         }
         seqs.sort_unstable();
@@ -235,18 +267,33 @@ impl Store {
     }
 
     /// Loads (and format-checks) one checkpoint's manifest.
-    pub fn load(&self, namespace: &str, container: &str, seq: u64) -> Result<Checkpoint, StoreError> {
-        let dir = self.container_dir(namespace, container)?.join(seq.to_string());
+    pub fn load(
+        &self,
+        namespace: &str,
+        container: &str,
+        seq: u64,
+    ) -> Result<Checkpoint, StoreError> {
+        let dir = self
+            .container_dir(namespace, container)?
+            .join(seq.to_string());
         let path = dir.join(MANIFEST_FILE);
         if !path.is_file() {
-            return Err(StoreError::NotFound { namespace: namespace.into(), container: container.into(), seq });
+            return Err(StoreError::NotFound {
+                namespace: namespace.into(),
+                container: container.into(),
+                seq,
+            });
         }
         let manifest = Manifest::read(&path)?;
         Ok(Checkpoint { dir, manifest })
     }
 
     /// The newest checkpoint, if any.
-    pub fn latest(&self, namespace: &str, container: &str) -> Result<Option<Checkpoint>, StoreError> {
+    pub fn latest(
+        &self,
+        namespace: &str,
+        container: &str,
+    ) -> Result<Option<Checkpoint>, StoreError> {
         match self.list(namespace, container)?.last() {
             Some(&seq) => self.load(namespace, container, seq).map(Some),
             None => Ok(None),
@@ -255,8 +302,17 @@ impl Store {
 
     /// Starts a new checkpoint (the next sequence number) in a temp dir, under `lock`.
     pub fn begin(&self, lock: &ContainerLock) -> Result<PendingCheckpoint, StoreError> {
-        let ns = lock.dir.parent().and_then(Path::file_name).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
-        let id = lock.dir.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let ns = lock
+            .dir
+            .parent()
+            .and_then(Path::file_name)
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let id = lock
+            .dir
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let seq = self.list(&ns, &id)?.last().map_or(1, |s| s + 1);
         PendingCheckpoint::create(&lock.dir, seq)
     }
@@ -272,7 +328,10 @@ impl Store {
             }
             let o = self.load(namespace, container, other)?;
             if o.manifest.fs_chain.contains(&seq) {
-                return Err(StoreError::InChain { seq, needed_by: other });
+                return Err(StoreError::InChain {
+                    seq,
+                    needed_by: other,
+                });
             }
         }
         // Rename first so a crash never leaves a half-deleted checkpoint listed.

@@ -27,7 +27,12 @@ impl PendingCheckpoint {
         if tmp.exists() {
             fs::remove_dir_all(&tmp).map_err(|e| StoreError::io("remove", &tmp, e))?;
         }
-        let p = Self { final_dir: container_dir.join(seq.to_string()), tmp, seq, committed: false };
+        let p = Self {
+            final_dir: container_dir.join(seq.to_string()),
+            tmp,
+            seq,
+            committed: false,
+        };
         mkdir_private(&p.tmp)?;
         mkdir_private(&p.criu_dir())?;
         Ok(p)
@@ -65,8 +70,15 @@ impl PendingCheckpoint {
     /// (`timings.total_us` grows by the write time).
     pub fn commit(mut self, mut manifest: Manifest) -> Result<Checkpoint, StoreError> {
         let start = Instant::now();
-        let files = record(&self.tmp, true).map_err(|(path, e)| StoreError::io("record", &path, e))?;
-        let sum = |prefix: &str| files.iter().filter(|f| f.path.starts_with(prefix)).map(|f| f.size).sum::<u64>();
+        let files =
+            record(&self.tmp, true).map_err(|(path, e)| StoreError::io("record", &path, e))?;
+        let sum = |prefix: &str| {
+            files
+                .iter()
+                .filter(|f| f.path.starts_with(prefix))
+                .map(|f| f.size)
+                .sum::<u64>()
+        };
         manifest.sizes = Sizes {
             criu_bytes: sum(&format!("{CRIU_DIR}/")),
             fs_bytes: sum(&format!("{FS_DIR}/")),
@@ -80,18 +92,25 @@ impl PendingCheckpoint {
         manifest.timings.total_us += write_us;
         let path = self.tmp.join(MANIFEST_FILE);
         let write = || -> std::io::Result<()> {
-            let mut f = fs::OpenOptions::new().write(true).create_new(true).open(&path)?;
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)?;
             f.write_all(&manifest.to_bytes())?;
             f.sync_all()
         };
         write().map_err(|e| StoreError::io("write", &path, e))?;
         crate::sys::fsync_dir(&self.tmp).map_err(|e| StoreError::io("fsync", &self.tmp, e))?;
-        fs::rename(&self.tmp, &self.final_dir).map_err(|e| StoreError::io("rename", &self.final_dir, e))?;
+        fs::rename(&self.tmp, &self.final_dir)
+            .map_err(|e| StoreError::io("rename", &self.final_dir, e))?;
         self.committed = true;
         let parent = self.final_dir.parent().unwrap_or(Path::new("/"));
         crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
         tracing::info!(dir = %self.final_dir.display(), bytes = manifest.sizes.total_bytes, "checkpoint written");
-        Ok(Checkpoint { dir: self.final_dir.clone(), manifest })
+        Ok(Checkpoint {
+            dir: self.final_dir.clone(),
+            manifest,
+        })
     }
 }
 

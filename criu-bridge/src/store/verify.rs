@@ -44,7 +44,9 @@ pub enum VerifyError {
         file: PathBuf,
     },
     /// A node of the wrong kind or size.
-    #[error("{file} has changed: expected a {expected_kind} of {expected_size} bytes, found a {found_kind} of {found_size} bytes")]
+    #[error(
+        "{file} has changed: expected a {expected_kind} of {expected_size} bytes, found a {found_kind} of {found_size} bytes"
+    )]
     Changed {
         /// The file.
         file: PathBuf,
@@ -93,13 +95,23 @@ fn verify_part(cp: &Checkpoint, level: VerifyLevel, prefix: &str) -> Result<(), 
     } else {
         record_sizes(cp)?
     };
-    let found: BTreeMap<&str, &FileEntry> =
-        found.iter().filter(|e| e.path.starts_with(prefix)).map(|e| (e.path.as_str(), e)).collect();
-    let wanted: Vec<&FileEntry> = cp.manifest.files.iter().filter(|e| e.path.starts_with(prefix)).collect();
+    let found: BTreeMap<&str, &FileEntry> = found
+        .iter()
+        .filter(|e| e.path.starts_with(prefix))
+        .map(|e| (e.path.as_str(), e))
+        .collect();
+    let wanted: Vec<&FileEntry> = cp
+        .manifest
+        .files
+        .iter()
+        .filter(|e| e.path.starts_with(prefix))
+        .collect();
     let file = |p: &str| cp.dir.join(crate::layer::decode_path(p));
     for want in &wanted {
         let Some(got) = found.get(want.path.as_str()) else {
-            return Err(VerifyError::Missing { file: file(&want.path) });
+            return Err(VerifyError::Missing {
+                file: file(&want.path),
+            });
         };
         if got.kind != want.kind || got.size != want.size {
             return Err(VerifyError::Changed {
@@ -119,7 +131,8 @@ fn verify_part(cp: &Checkpoint, level: VerifyLevel, prefix: &str) -> Result<(), 
         }
     }
     if found.len() != wanted.len() {
-        let known: std::collections::HashSet<&str> = wanted.iter().map(|e| e.path.as_str()).collect();
+        let known: std::collections::HashSet<&str> =
+            wanted.iter().map(|e| e.path.as_str()).collect();
         if let Some(extra) = found.keys().find(|p| !known.contains(*p)) {
             return Err(VerifyError::Extra { file: file(extra) });
         }
@@ -133,15 +146,25 @@ fn record_sizes(cp: &Checkpoint) -> Result<Vec<FileEntry>, VerifyError> {
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
         let dir = cp.dir.join(&rel);
-        let rd = std::fs::read_dir(&dir).map_err(|source| VerifyError::Read { path: dir.clone(), source })?;
+        let rd = std::fs::read_dir(&dir).map_err(|source| VerifyError::Read {
+            path: dir.clone(),
+            source,
+        })?;
         for e in rd {
-            let e = e.map_err(|source| VerifyError::Read { path: dir.clone(), source })?;
+            let e = e.map_err(|source| VerifyError::Read {
+                path: dir.clone(),
+                source,
+            })?;
             let child = rel.join(e.file_name());
             if rel.as_os_str().is_empty() && e.file_name() == super::manifest::MANIFEST_FILE {
                 continue;
             }
-            let m = std::fs::symlink_metadata(cp.dir.join(&child))
-                .map_err(|source| VerifyError::Read { path: cp.dir.join(&child), source })?;
+            let m = std::fs::symlink_metadata(cp.dir.join(&child)).map_err(|source| {
+                VerifyError::Read {
+                    path: cp.dir.join(&child),
+                    source,
+                }
+            })?;
             let kind = kind_of(&m);
             all.push(FileEntry {
                 path: crate::layer::encode_path(&child),
@@ -172,7 +195,11 @@ fn kind_of(m: &std::fs::Metadata) -> char {
 }
 
 /// Verifies a checkpoint and every checkpoint of its fs chain, and that the image lowers exist.
-pub fn verify_checkpoint(store: &Store, cp: &Checkpoint, level: VerifyLevel) -> Result<(), VerifyError> {
+pub fn verify_checkpoint(
+    store: &Store,
+    cp: &Checkpoint,
+    level: VerifyLevel,
+) -> Result<(), VerifyError> {
     verify_dir(cp, level)?;
     let m = &cp.manifest;
     for &seq in m.fs_chain.iter().filter(|s| **s != m.seq) {
@@ -180,7 +207,10 @@ pub fn verify_checkpoint(store: &Store, cp: &Checkpoint, level: VerifyLevel) -> 
             .load(&m.namespace, &m.container, seq)
             .map_err(|e| match e {
                 super::StoreError::Format(f) => VerifyError::Format(f),
-                _ => VerifyError::ChainBroken { container: m.container.clone(), seq },
+                _ => VerifyError::ChainBroken {
+                    container: m.container.clone(),
+                    seq,
+                },
             })?;
         // Only the layer of a chain member is needed to restore this checkpoint.
         verify_part(&member, level, super::manifest::FS_DIR)?;

@@ -1,0 +1,262 @@
+//! Real runc + CRIU on a busybox bundle: one-instant checkpoints (a counter written to a file
+//! reads exactly 1..N after restore), restore in place, forks, paused containers, exit mode,
+//! typed CRIU failures, a concurrent checkpoint, a corrupt checkpoint refused before restore.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::Container;
+use criu_bridge::runc::{CriuOptions, RestoreStdio};
+use criu_bridge::store::VerifyLevel;
+use criu_bridge::{
+    Checkpoint, CheckpointError, CheckpointRequest, RestoreRequest, Store, checkpoint_container,
+};
+
+/// Appends 1, 2, 3, ... to /data/counter; the shell variable is the process state.
+const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i >> /data/counter; sleep 0.02; done";
+
+fn request<'a>(
+    c: &'a Container,
+    store: &'a Store,
+    parent: Option<&'a Checkpoint>,
+    leave_running: bool,
+) -> CheckpointRequest<'a> {
+    CheckpointRequest {
+        runc: &c.runc,
+        store,
+        namespace: "default",
+        id: &c.id,
+        bundle: &c.bundle,
+        upper_dir: &c.upper,
+        image_lowers: std::slice::from_ref(&c.lower),
+        parent,
+        leave_running,
+        criu: CriuOptions::default(),
+    }
+}
+
+/// Asserts the counter file reads exactly 1..=n (n ≥ `at_least`) and returns n.
+fn counter_is_consecutive(rootfs: &Path, at_least: usize) -> usize {
+    let text = std::fs::read_to_string(rootfs.join("data/counter")).unwrap();
+    let nums: Vec<usize> = text.lines().map(|l| l.parse().unwrap()).collect();
+    let expected: Vec<usize> = (1..=nums.len()).collect();
+    assert!(
+        nums == expected,
+        "counter is not 1..N (an fs/process mismatch): {:?}",
+        &nums[nums.len().saturating_sub(10)..]
+    );
+    assert!(
+        nums.len() >= at_least,
+        "counter did not advance: {} < {at_least}",
+        nums.len()
+    );
+    nums.len()
+}
+
+fn lines_in(fs_layer: &Path) -> usize {
+    std::fs::read_to_string(fs_layer.join("data/counter"))
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+/// Mounts `cp`'s rootfs into a bundle (copying `c`'s config.json) and restores it as `id`.
+fn restore_as(c: &Container, store: &Store, cp: &Checkpoint, id: &str, base: &Path) -> PathBuf {
+    let bundle = if id == c.id {
+        c.bundle.clone()
+    } else {
+        base.join(format!("bundle-{id}"))
+    };
+    if id != c.id {
+        std::fs::create_dir_all(&bundle).unwrap();
+        std::fs::copy(c.bundle.join("config.json"), bundle.join("config.json")).unwrap();
+        c.extra_ids.borrow_mut().push(id.into());
+    }
+    let rootfs = bundle.join("rootfs");
+    let tag = format!("{id}-{}", cp.manifest.seq);
+    criu_bridge::verify(store, cp, VerifyLevel::Full).unwrap();
+    let took = criu_bridge::mount_rootfs(
+        store,
+        cp,
+        &base.join(format!("{tag}-up")),
+        &base.join(format!("{tag}-wk")),
+        &rootfs,
+    )
+    .unwrap();
+    c.extra_mounts.borrow_mut().push(rootfs.clone());
+    let work = base.join(format!("{tag}-restore-work"));
+    let req = RestoreRequest {
+        runc: &c.runc,
+        checkpoint: cp,
+        id,
+        bundle: &bundle,
+        work_dir: &work,
+        detach: true,
+        pid_file: Some(&work.join("pid")),
+        console_socket: None,
+    };
+    let report = criu_bridge::restore_processes(&req, RestoreStdio::default()).unwrap();
+    eprintln!(
+        "restored {id}: mount {took:?}, runc restore {:?}, stats {:?}",
+        report.duration, report.stats
+    );
+    assert_eq!(c.status(id).as_deref(), Some("running"));
+    rootfs
+}
+
+#[test]
+fn checkpoint_restore_in_place_and_fork_keep_fs_and_processes_at_one_instant() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    let c = Container::start(base, "bl-inplace", COUNTER);
+    let store = Store::new(base.join("store"));
+    std::thread::sleep(Duration::from_millis(300));
+
+    let cp1 = checkpoint_container(&request(&c, &store, None, true)).unwrap();
+    eprintln!(
+        "cp1 timings {:?} sizes {:?} criu {:?}",
+        cp1.manifest.timings, cp1.manifest.sizes, cp1.manifest.criu_stats
+    );
+    assert_eq!(
+        c.status(&c.id).as_deref(),
+        Some("running"),
+        "leave-running checkpoint must thaw"
+    );
+    let n1 = lines_in(&cp1.fs_dir());
+    assert!(n1 > 0);
+    std::thread::sleep(Duration::from_millis(200));
+    let cp2 = checkpoint_container(&request(&c, &store, Some(&cp1), true)).unwrap();
+    let n2 = lines_in(&cp2.fs_dir());
+    assert!(n2 > n1 && cp2.manifest.fs_chain == [2, 1]);
+    assert_eq!(store.list("default", &c.id).unwrap(), [1, 2]);
+
+    // Crash: the processes die. Restore checkpoint 1 in place.
+    c.kill(&c.id);
+    criu_bridge::layer::unmount(&c.rootfs).unwrap();
+    let rootfs = restore_as(&c, &store, &cp1, &c.id, base);
+    std::thread::sleep(Duration::from_millis(300));
+    let n = counter_is_consecutive(&rootfs, n1 + 3);
+    eprintln!("in place: checkpoint had {n1} lines, now {n} consecutive");
+
+    // A checkpoint after the restore has the restored checkpoint as parent (fresh upper).
+    let up = base.join(format!("{}-1-up", c.id));
+    let mut req = request(&c, &store, Some(&cp1), true);
+    req.upper_dir = &up;
+    let cp3 = checkpoint_container(&req).unwrap();
+    assert_eq!(cp3.manifest.fs_chain, [3, 1]);
+
+    // Fork 2 containers from checkpoint 2: each continues from n2, without seeing the other.
+    let f1 = restore_as(&c, &store, &cp2, "bl-fork1", base);
+    let f2 = restore_as(&c, &store, &cp2, "bl-fork2", base);
+    std::fs::write(f1.join("data/only-fork1"), "x").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    counter_is_consecutive(&f1, n2 + 3);
+    counter_is_consecutive(&f2, n2 + 3);
+    assert!(
+        !f2.join("data/only-fork1").exists(),
+        "forks share a writable layer"
+    );
+    counter_is_consecutive(&rootfs, n + 3);
+}
+
+#[test]
+fn paused_container_stays_frozen_and_exit_mode_ends_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    let c = Container::start(base, "bl-paused", COUNTER);
+    let store = Store::new(base.join("store"));
+    std::thread::sleep(Duration::from_millis(200));
+    c.runc.pause(&c.id).unwrap();
+    let cp = checkpoint_container(&request(&c, &store, None, true)).unwrap();
+    assert_eq!(
+        c.status(&c.id).as_deref(),
+        Some("paused"),
+        "a paused container must stay paused"
+    );
+    assert_eq!(cp.manifest.timings.freeze_us, 0);
+    let frozen = std::fs::read_to_string(c.rootfs.join("data/counter")).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        std::fs::read_to_string(c.rootfs.join("data/counter")).unwrap(),
+        frozen,
+        "ran while paused"
+    );
+    c.runc.resume(&c.id).unwrap();
+
+    let cp2 = checkpoint_container(&request(&c, &store, Some(&cp), false)).unwrap();
+    assert_eq!(
+        c.status(&c.id),
+        None,
+        "exit mode: runc deletes the container"
+    );
+    assert!(!cp2.manifest.leave_running);
+    criu_bridge::layer::unmount(&c.rootfs).unwrap();
+    let rootfs = restore_as(&c, &store, &cp2, &c.id, base);
+    std::thread::sleep(Duration::from_millis(200));
+    counter_is_consecutive(&rootfs, lines_in(&cp2.fs_dir()) + 3);
+}
+
+#[test]
+fn criu_failures_concurrency_and_corruption_are_typed_and_harmless() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    // An established TCP connection inside the container.
+    let c = Container::start(
+        base,
+        "bl-errors",
+        &format!(
+            "sleep 1000 | nc -l -p 7000 >/dev/null & sleep 0.3; (while :; do echo x; sleep 0.05; done) | nc 127.0.0.1 7000 & {COUNTER}"
+        ),
+    );
+    let store = Store::new(base.join("store"));
+    std::thread::sleep(Duration::from_millis(600));
+
+    let mut req = request(&c, &store, None, true);
+    req.criu.tcp_established = false;
+    let err = checkpoint_container(&req).unwrap_err();
+    let CheckpointError::Dump { log, .. } = &err else {
+        panic!("expected a dump error, got {err}")
+    };
+    assert!(
+        log.lines.iter().any(|l| l.contains("tcp-established")),
+        "{err}"
+    );
+    assert_eq!(
+        c.status(&c.id).as_deref(),
+        Some("running"),
+        "a failed checkpoint must thaw"
+    );
+    assert!(
+        store.list("default", &c.id).unwrap().is_empty(),
+        "failed checkpoint listed"
+    );
+
+    // With the option on, sockets dump fine (CRIU >= 4.2 on this kernel).
+    let cp = checkpoint_container(&request(&c, &store, None, true)).unwrap();
+
+    // A concurrent checkpoint is refused while one holds the lock.
+    let held = store.lock("default", &c.id).unwrap();
+    let err = checkpoint_container(&request(&c, &store, None, true)).unwrap_err();
+    assert!(matches!(err, CheckpointError::InProgress(_)), "{err}");
+    assert!(err.to_string().contains("already in progress"));
+    drop(held);
+    assert_eq!(c.status(&c.id).as_deref(), Some("running"));
+
+    // A corrupt image byte is caught before anything is touched.
+    let img = std::fs::read_dir(cp.criu_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("pages-"))
+        .unwrap();
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::write(&img, bytes).unwrap();
+    let err = criu_bridge::verify(&store, &cp, VerifyLevel::Full).unwrap_err();
+    let text = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(
+        text.contains(&*img.file_name().unwrap().to_string_lossy()),
+        "{text}"
+    );
+    assert_eq!(c.status(&c.id).as_deref(), Some("running"));
+}
