@@ -4,6 +4,7 @@
 
 use thiserror::Error;
 
+use super::attention::{Attn, attend_row, dot};
 use super::kv::{BLOCK, KvArena};
 use super::layout::{Layout, LlamaConfig};
 
@@ -88,23 +89,6 @@ fn matmul(threads: usize, x: &[f32], m: usize, k: usize, w: &[f32], n: usize, ou
             }
         }
     });
-}
-
-#[inline]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (x, y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
 }
 
 fn rmsnorm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -268,47 +252,26 @@ impl<'w> Llama<'w> {
         out: &mut [f32],
     ) {
         let c = &self.cfg;
-        let (d, hd) = (c.dim, c.head_dim);
-        let group = c.n_heads / c.n_kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let geom = kv.geom;
-        let data: &[f32] = kv.data;
-        let one = |r: usize, o: &mut [f32]| {
-            let row = rows[r];
-            let table = &tables[row.seq];
-            let mut scores = vec![0f32; row.pos + 1];
-            for h in 0..c.n_heads {
-                let qh = &q[r * d + h * hd..r * d + (h + 1) * hd];
-                let kh = (h / group) * hd;
-                let mut max = f32::NEG_INFINITY;
-                for (t, s) in scores.iter_mut().enumerate() {
-                    let ko = geom.offset(table[t / BLOCK], l, false, t % BLOCK) + kh;
-                    *s = dot(qh, &data[ko..ko + hd]) * scale;
-                    max = max.max(*s);
-                }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let oh = &mut o[h * hd..(h + 1) * hd];
-                oh.fill(0.0);
-                for (t, s) in scores.iter().enumerate() {
-                    let p = s / sum;
-                    let vo = geom.offset(table[t / BLOCK], l, true, t % BLOCK) + kh;
-                    for (a, b) in oh.iter_mut().zip(&data[vo..vo + hd]) {
-                        *a += p * b;
-                    }
-                }
-            }
+        let d = c.dim;
+        let a = Attn {
+            data: kv.data,
+            geom: kv.geom,
+            layer: l,
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
         };
         let per = rows.len().div_ceil(self.threads).max(1);
         std::thread::scope(|s| {
             for (ci, oc) in out.chunks_mut(per * d).enumerate() {
-                let one = &one;
+                let a = &a;
                 let mut work = move || {
+                    let mut scores = Vec::new();
                     for (i, o) in oc.chunks_exact_mut(d).enumerate() {
-                        one(ci * per + i, o);
+                        let r = ci * per + i;
+                        let row = rows[r];
+                        let qr = &q[r * d..(r + 1) * d];
+                        attend_row(a, &tables[row.seq], row.pos, qr, o, &mut scores);
                     }
                 };
                 if per >= rows.len() {

@@ -211,6 +211,18 @@ fn cpu_name() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+fn shmem_thp() -> String {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+        .ok()
+        .and_then(|s| {
+            s.split('[')
+                .nth(1)
+                .and_then(|t| t.split(']').next())
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -276,6 +288,7 @@ fn main() -> Result<()> {
         quick,
         threads,
         cpu: cpu_name(),
+        shmem_thp: shmem_thp(),
         cold_start_s,
         cold_start_runs: cold,
         cold_load_s: median(&loads),

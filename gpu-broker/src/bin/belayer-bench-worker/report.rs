@@ -29,6 +29,8 @@ pub struct Report {
     pub quick: bool,
     pub threads: usize,
     pub cpu: String,
+    /// `/sys/kernel/mm/transparent_hugepage/shmem_enabled` (huge pages for the broker's memfds).
+    pub shmem_thp: String,
     pub cold_start_s: f64,
     pub cold_start_runs: Vec<f64>,
     pub cold_load_s: f64,
@@ -52,10 +54,11 @@ pub fn median(v: &[f64]) -> f64 {
 pub fn table(r: &Report) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "cpu: {} ({} threads){}\n",
+        "cpu: {} ({} threads){}; shmem THP: {}\n",
         r.cpu,
         r.threads,
-        if r.quick { ", quick mode" } else { "" }
+        if r.quick { ", quick mode" } else { "" },
+        r.shmem_thp
     ));
     s.push_str(&format!("{:<44} {:>12}\n", "measurement", "seconds"));
     s.push_str(&format!(
