@@ -174,7 +174,7 @@ fn micros(since: Instant) -> u64 {
 pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, CheckpointError> {
     let start = Instant::now();
     let id = req.id;
-    check_criu(&req.runc.criu)?;
+    crate::criu::check_criu_with(&*req.runc.spawner, &req.runc.criu)?;
     let lock = req
         .store
         .lock(req.namespace, id)

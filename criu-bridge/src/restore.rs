@@ -134,7 +134,7 @@ pub fn restore_processes(
     req: &RestoreRequest<'_>,
     stdio: RestoreStdio,
 ) -> Result<RestoreReport, RestoreError> {
-    check_criu(&req.runc.criu)?;
+    crate::criu::check_criu_with(&*req.runc.spawner, &req.runc.criu)?;
     std::fs::create_dir_all(req.work_dir).map_err(|source| RestoreError::WorkDir {
         path: req.work_dir.into(),
         source,

@@ -81,9 +81,18 @@ pub fn parse_version(output: &str) -> Option<CriuVersion> {
 
 /// Runs `criu --version` and checks it is at least [`MIN_CRIU_VERSION`].
 pub fn check_criu(binary: &Path) -> Result<CriuVersion, VersionError> {
-    let out = Command::new(binary)
-        .arg("--version")
-        .output()
+    check_criu_with(&crate::runc::StdSpawner, binary)
+}
+
+/// [`check_criu`], spawning through `spawner` (a shim's reaper must see every child).
+pub fn check_criu_with(spawner: &dyn crate::runc::Spawner, binary: &Path) -> Result<CriuVersion, VersionError> {
+    let mut cmd = Command::new(binary);
+    cmd.arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = spawner
+        .output(cmd)
         .map_err(|source| VersionError::NotRunnable {
             binary: binary.into(),
             source,
