@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::criu::{CriuLog, VersionError, check_criu, read_dump_stats};
+use crate::criu::{CriuLog, VersionError, read_dump_stats};
 use crate::layer::{CaptureError, capture_layer};
 use crate::runc::{CriuOptions, Runc, RuncError};
 use crate::store::{

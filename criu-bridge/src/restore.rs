@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::criu::{CriuLog, RestoreStats, VersionError, check_criu, read_restore_stats};
+use crate::criu::{CriuLog, RestoreStats, VersionError, read_restore_stats};
 use crate::layer::{MountError, mount_chain};
 use crate::runc::{RestoreArgs, RestoreStdio, Runc, RuncError};
 use crate::store::{Checkpoint, Store, StoreError, VerifyError, VerifyLevel, verify_checkpoint};

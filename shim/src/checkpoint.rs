@@ -200,7 +200,7 @@ impl Inner {
         seq: Option<u64>,
     ) -> Result<(Checkpoint, u64)> {
         let store = self.settings.store();
-        let (ns, cid) = (namespace.to_string(), id.to_string());
+        let (ns, cid, criu) = (namespace.to_string(), id.to_string(), self.settings.criu.clone());
         let started = Instant::now();
         let cp = tokio::task::spawn_blocking(move || -> Result<Checkpoint> {
             let cp = match seq {
@@ -210,12 +210,12 @@ impl Inner {
                 })?,
             };
             criu_bridge::verify(&store, &cp, criu_bridge::store::VerifyLevel::Full)?;
+            criu_bridge::criu::check_criu_with(&crate::reaper::ReaperSpawner, &criu)
+                .map_err(|e| Error::FailedPrecondition(chain(&e)))?;
             Ok(cp)
         })
         .await
         .map_err(|e| Error::Checkpoint(e.to_string()))??;
-        criu_bridge::criu::check_criu(&self.settings.criu)
-            .map_err(|e| Error::FailedPrecondition(chain(&e)))?;
         Ok((cp, started.elapsed().as_millis() as u64))
     }
 

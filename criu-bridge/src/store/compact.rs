@@ -1,11 +1,11 @@
 //! Compacting a checkpoint's fs chain into its own single layer, so older checkpoints can be
-//! deleted and overlay's lower-dir limits are never reached.
+//! deleted and overlay's lower-dir limits are never reached; exporting a self-contained copy.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::files::record;
-use super::manifest::{FS_DIR, MANIFEST_FILE};
+use super::manifest::{FS_DIR, MANIFEST_FILE, Manifest};
 use super::{Checkpoint, Store, StoreError, TMP_PREFIX, mkdir_private};
 use crate::layer::{CompactError, compact_layers};
 
@@ -29,74 +29,81 @@ pub enum CompactCheckpointError {
 impl Store {
     /// Rewrites checkpoint `seq` so that its `fs/` holds its whole chain merged (its `fs_chain`
     /// becomes `[seq]`). The old dir is swapped out atomically (`RENAME_EXCHANGE`).
-    pub fn compact(
-        &self,
-        namespace: &str,
-        container: &str,
-        seq: u64,
-    ) -> Result<Checkpoint, CompactCheckpointError> {
+    pub fn compact(&self, namespace: &str, container: &str, seq: u64) -> Result<Checkpoint, CompactCheckpointError> {
         let _lock = self.lock(namespace, container)?;
         let cp = self.load(namespace, container, seq)?;
         if cp.manifest.fs_chain.len() <= 1 {
             return Ok(cp);
         }
-        let mut layers: Vec<PathBuf> = Vec::new();
-        for &s in cp.manifest.fs_chain.iter().rev() {
-            layers.push(if s == seq {
-                cp.fs_dir()
-            } else {
-                self.load(namespace, container, s)?.fs_dir()
-            });
-        }
         let tmp = cp.dir.with_file_name(format!("{TMP_PREFIX}compact-{seq}"));
-        let _ = fs::remove_dir_all(&tmp);
         let guard = RemoveOnDrop(tmp.clone());
-        mkdir_private(&tmp)?;
-        // Everything but the layer and the manifest is shared by hardlink (checkpoints are
-        // immutable once written).
+        let manifest = self.write_standalone(&cp, &tmp)?;
+        crate::sys::rename_exchange(&tmp, &cp.dir).map_err(|e| StoreError::io("swap", &cp.dir, e))?;
+        if let Some(parent) = cp.dir.parent() {
+            crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
+        }
+        drop(guard); // removes the old dir, now at `tmp`
+        tracing::info!(container, seq, "fs chain compacted");
+        Ok(Checkpoint { dir: cp.dir, manifest })
+    }
+
+    /// Writes a self-contained copy of checkpoint `seq` (CRIU images plus its fs chain merged
+    /// into one layer) to the new dir `dest`, e.g. for containerd's `Task.Checkpoint` path or a
+    /// registry push. Open it with [`Checkpoint::open`]; it restores without this store.
+    pub fn export(&self, namespace: &str, container: &str, seq: u64, dest: &Path) -> Result<Checkpoint, CompactCheckpointError> {
+        let cp = self.load(namespace, container, seq)?;
+        if dest.exists() {
+            return Err(StoreError::io("create", dest, std::io::ErrorKind::AlreadyExists.into()).into());
+        }
+        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let tmp = dest.with_file_name(format!("{TMP_PREFIX}{name}"));
+        let guard = RemoveOnDrop(tmp.clone());
+        let manifest = self.write_standalone(&cp, &tmp)?;
+        fs::rename(&tmp, dest).map_err(|e| StoreError::io("rename", dest, e))?;
+        drop(guard);
+        if let Some(parent) = dest.parent() {
+            crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
+        }
+        Ok(Checkpoint { dir: dest.to_path_buf(), manifest })
+    }
+
+    /// Writes `cp` with its chain merged into the new dir `out` (files other than the layer are
+    /// hardlinked, or copied across filesystems) and returns the new manifest.
+    fn write_standalone(&self, cp: &Checkpoint, out: &Path) -> Result<Manifest, CompactCheckpointError> {
+        let m = &cp.manifest;
+        let mut layers: Vec<PathBuf> = Vec::new();
+        for &s in m.fs_chain.iter().rev() {
+            layers.push(if s == m.seq { cp.fs_dir() } else { self.load(&m.namespace, &m.container, s)?.fs_dir() });
+        }
+        let _ = fs::remove_dir_all(out);
+        mkdir_private(out)?;
         for entry in record(&cp.dir, false).map_err(|(p, e)| StoreError::io("read", &p, e))? {
             let top = entry.path.split('/').next().unwrap_or_default();
             if top == FS_DIR || entry.path == MANIFEST_FILE {
                 continue;
             }
             let src = cp.dir.join(crate::layer::decode_path(&entry.path));
-            let dst = tmp.join(crate::layer::decode_path(&entry.path));
-            let r = if entry.kind == 'd' {
-                fs::create_dir(&dst)
-            } else {
-                fs::hard_link(&src, &dst)
+            let dst = out.join(crate::layer::decode_path(&entry.path));
+            let r = match entry.kind {
+                'd' => fs::create_dir(&dst),
+                _ => fs::hard_link(&src, &dst).or_else(|_| fs::copy(&src, &dst).map(drop)),
             };
             r.map_err(|e| StoreError::io("link", &dst, e))?;
         }
-        compact_layers(&layers, &cp.manifest.image_lowers, &tmp.join(FS_DIR))
-            .map_err(|source| CompactCheckpointError::Merge { seq, source })?;
-        let mut manifest = cp.manifest.clone();
-        manifest.fs_chain = vec![seq];
-        let files = record(&tmp, true).map_err(|(p, e)| StoreError::io("record", &p, e))?;
-        manifest.sizes.fs_bytes = files
-            .iter()
-            .filter(|f| f.path.starts_with("fs/"))
-            .map(|f| f.size)
-            .sum();
+        compact_layers(&layers, &m.image_lowers, &out.join(FS_DIR))
+            .map_err(|source| CompactCheckpointError::Merge { seq: m.seq, source })?;
+        let mut manifest = m.clone();
+        manifest.fs_chain = vec![m.seq];
+        let files = record(out, true).map_err(|(p, e)| StoreError::io("record", &p, e))?;
+        manifest.sizes.fs_bytes = files.iter().filter(|f| f.path.starts_with("fs/")).map(|f| f.size).sum();
         manifest.sizes.total_bytes = files.iter().map(|f| f.size).sum();
         manifest.sizes.files = files.len() as u64;
         manifest.files = files;
-        let mpath = tmp.join(MANIFEST_FILE);
+        let mpath = out.join(MANIFEST_FILE);
         fs::write(&mpath, manifest.to_bytes()).map_err(|e| StoreError::io("write", &mpath, e))?;
-        fs::File::open(&mpath)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| StoreError::io("fsync", &mpath, e))?;
-        crate::sys::rename_exchange(&tmp, &cp.dir)
-            .map_err(|e| StoreError::io("swap", &cp.dir, e))?;
-        if let Some(parent) = cp.dir.parent() {
-            crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
-        }
-        drop(guard); // removes the old dir, now at `tmp`
-        tracing::info!(container, seq, "fs chain compacted");
-        Ok(Checkpoint {
-            dir: cp.dir,
-            manifest,
-        })
+        fs::File::open(&mpath).and_then(|f| f.sync_all()).map_err(|e| StoreError::io("fsync", &mpath, e))?;
+        crate::sys::fsync_dir(out).map_err(|e| StoreError::io("fsync", out, e))?;
+        Ok(manifest)
     }
 }
 

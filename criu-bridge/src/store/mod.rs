@@ -114,6 +114,12 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// Opens a checkpoint dir outside a store (e.g. one written by [`Store::export`]).
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let manifest = Manifest::read(&dir.join(MANIFEST_FILE))?;
+        Ok(Self { dir: dir.to_path_buf(), manifest })
+    }
+
     /// The CRIU image dir.
     pub fn criu_dir(&self) -> PathBuf {
         self.dir.join(&self.manifest.criu_dir)
