@@ -28,13 +28,13 @@ pub fn rebuild_times(
     let published = weights::published(&regions)
         .map(weights::MappedWeights::map)
         .transpose()?;
-    let page_bytes = super::page_bytes_of(published.as_ref(), model)?;
+    let (page_bytes, gguf) = super::page_bytes_of(published.as_ref(), model)?;
     let grant = client
         .acquire(page_bytes, max_pages as u32)
         .map_err(WorkerError::Client)?;
     let w = match published {
         Some(w) if grant.weights_ok => w,
-        _ => weights::cold_load(&client, model, threads)?.0,
+        _ => weights::cold_load(&client, model, gguf, threads)?.0,
     };
     let geom = geom_of(&w);
     let _hb = client.start_heartbeat(std::time::Duration::from_millis(500));

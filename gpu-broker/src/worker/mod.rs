@@ -133,17 +133,21 @@ fn pages_wanted(spec: &JobSpec) -> u32 {
     (spec.requests * pages_for(spec.max_seq()) + 1) as u32
 }
 
-/// Page size for the reference model without loading it (a shadow acquires before knowing).
-fn page_bytes_of(w: Option<&MappedWeights>, model: &std::path::Path) -> Result<u64, WorkerError> {
+/// Page size for the model: from mapped weights, or from the GGUF (which is then kept open for
+/// the cold load, so the file is read once).
+fn page_bytes_of(
+    w: Option<&MappedWeights>,
+    model: &std::path::Path,
+) -> Result<(u64, Option<crate::model::gguf::Gguf>), WorkerError> {
     if let Some(w) = w {
-        return Ok(geom_of(w).page_bytes() as u64);
+        return Ok((geom_of(w).page_bytes() as u64, None));
     }
     if !model.is_file() {
         return Err(WorkerError::ModelMissing(model.display().to_string()));
     }
     let g = crate::model::gguf::Gguf::open(model).map_err(WorkerError::Gguf)?;
     let c = crate::model::layout::LlamaConfig::from_gguf(&g).map_err(WorkerError::Gguf)?;
-    Ok((c.n_layers * 2 * BLOCK * c.kv_dim() * 4) as u64)
+    Ok(((c.n_layers * 2 * BLOCK * c.kv_dim() * 4) as u64, Some(g)))
 }
 
 fn broker_err(client: &Client, opts: &Options, e: ClientError) -> WorkerError {
@@ -208,7 +212,7 @@ pub fn run(opts: &Options) -> Result<Results, WorkerError> {
         emit("shadow_ready", json!({}));
     }
 
-    let page_bytes = page_bytes_of(weights.as_ref(), &opts.model)?;
+    let (page_bytes, mut gguf) = page_bytes_of(weights.as_ref(), &opts.model)?;
     let grant = client
         .acquire(page_bytes, pages_wanted(&opts.jobs))
         .map_err(|e| broker_err(&client, opts, e))?;
@@ -236,11 +240,12 @@ pub fn run(opts: &Options) -> Result<Results, WorkerError> {
                 .ok_or_else(|| WorkerError::Protocol("weights vanished".into()))?,
         )?,
         (false, _) => {
-            let (w, s) =
-                weights::cold_load(&client, &opts.model, threads).map_err(|e| match e {
+            let (w, s) = weights::cold_load(&client, &opts.model, gguf.take(), threads).map_err(
+                |e| match e {
                     WorkerError::Client(c) => broker_err(&client, opts, c),
                     e => e,
-                })?;
+                },
+            )?;
             cold = true;
             emit("cold_load", json!({ "seconds": s }));
             regions = client

@@ -53,18 +53,22 @@ pub fn published(regions: &[RegionFd]) -> Option<&RegionFd> {
         .find(|r| r.info.kind == RegionKind::Weights && r.info.published)
 }
 
-/// Cold path: read the GGUF, dequantize into a new broker region, publish, map read-only.
+/// Cold path: read the GGUF (unless already `opened`), dequantize into a new broker region, publish, map read-only.
 /// Returns the weights and the seconds spent.
 pub fn cold_load(
     client: &Client,
     model: &Path,
+    opened: Option<Gguf>,
     threads: usize,
 ) -> Result<(MappedWeights, f64), WorkerError> {
     let t = Instant::now();
-    if !model.is_file() {
-        return Err(WorkerError::ModelMissing(model.display().to_string()));
-    }
-    let g = Gguf::open(model).map_err(WorkerError::Gguf)?;
+    let g = match opened {
+        Some(g) => g,
+        None if !model.is_file() => {
+            return Err(WorkerError::ModelMissing(model.display().to_string()));
+        }
+        None => Gguf::open(model).map_err(WorkerError::Gguf)?,
+    };
     let layout = Layout::from_gguf(&g).map_err(WorkerError::Gguf)?;
     let region = client
         .alloc_weights(layout.version, layout.bytes() as u64)

@@ -67,7 +67,7 @@ pub fn table(r: &Report) -> String {
     ));
     s.push_str(&format!(
         "{:<44} {:>12.4}\n",
-        "  of which load+dequantize+publish", r.cold_load_s
+        "  of which dequantize+checksum+publish", r.cold_load_s
     ));
     s.push_str(&format!(
         "{:<44} {:>12.4}\n",
