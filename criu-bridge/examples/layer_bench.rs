@@ -11,7 +11,13 @@ use std::time::Instant;
 use criu_bridge::layer::{capture_layer, mount_chain, unmount};
 
 fn sh(dir: &Path, script: &str) {
-    let ok = Command::new("bash").arg("-euc").arg(script).current_dir(dir).status().expect("bash").success();
+    let ok = Command::new("bash")
+        .arg("-euc")
+        .arg(script)
+        .current_dir(dir)
+        .status()
+        .expect("bash")
+        .success();
     assert!(ok, "step failed: {script}");
 }
 
@@ -29,14 +35,30 @@ fn main() {
     let base = tmp.path();
     let lower = base.join("lower");
     std::fs::create_dir_all(&lower).unwrap();
-    sh(&lower, "mkdir -p usr/lib; for i in $(seq 1 2000); do echo $i > usr/lib/f$i; done");
+    sh(
+        &lower,
+        "mkdir -p usr/lib; for i in $(seq 1 2000); do echo $i > usr/lib/f$i; done",
+    );
     // (files, bytes per file): 1 MiB .. 1 GiB of changes, and many small files.
-    let cases: &[(usize, usize)] =
-        &[(16, 64 << 10), (64, 1 << 20), (160, 1 << 20), (256, 4 << 20), (1024, 1 << 20), (10_000, 4 << 10), (4, 256 << 20)];
+    let cases: &[(usize, usize)] = &[
+        (16, 64 << 10),
+        (64, 1 << 20),
+        (160, 1 << 20),
+        (256, 4 << 20),
+        (1024, 1 << 20),
+        (10_000, 4 << 10),
+        (4, 256 << 20),
+    ];
     for (i, &(files, size)) in cases.iter().enumerate() {
         let up = base.join(format!("u{i}"));
         let merged = base.join(format!("m{i}"));
-        mount_chain(std::slice::from_ref(&lower), &up, &base.join(format!("w{i}")), &merged).unwrap();
+        mount_chain(
+            std::slice::from_ref(&lower),
+            &up,
+            &base.join(format!("w{i}")),
+            &merged,
+        )
+        .unwrap();
         let guard = Unmount(merged.clone());
         sh(
             &merged,
@@ -53,7 +75,13 @@ fn main() {
         // Restore mount over the captured layer with an empty upper.
         let target = base.join(format!("r{i}"));
         let start = Instant::now();
-        mount_chain(&[layer.clone(), lower.clone()], &base.join(format!("ru{i}")), &base.join(format!("rw{i}")), &target).unwrap();
+        mount_chain(
+            &[layer.clone(), lower.clone()],
+            &base.join(format!("ru{i}")),
+            &base.join(format!("rw{i}")),
+            &target,
+        )
+        .unwrap();
         let mount_s = start.elapsed().as_secs_f64();
         let _g = Unmount(target);
         println!(

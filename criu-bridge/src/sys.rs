@@ -236,3 +236,26 @@ pub fn page_size() -> usize {
 pub fn is_disk_full(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
+
+/// `copy_file_range` of `len` bytes at offset `off` (same offset in both files); returns the
+/// bytes copied, which may be fewer (0 at end of file).
+pub fn copy_range(from: &File, to: &File, off: u64, len: u64) -> io::Result<u64> {
+    let mut off_in = off as libc::loff_t;
+    let mut off_out = off as libc::loff_t;
+    // SAFETY: both fds are owned by live `File`s; the offsets are valid writable loff_t.
+    let r = unsafe {
+        libc::copy_file_range(
+            from.as_raw_fd(),
+            &mut off_in,
+            to.as_raw_fd(),
+            &mut off_out,
+            len as usize,
+            0,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as u64)
+    }
+}

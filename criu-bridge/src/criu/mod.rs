@@ -7,4 +7,6 @@ mod version;
 
 pub use log::{CriuLog, error_lines};
 pub use stats::{DumpStats, RestoreStats, StatsError, read_dump_stats, read_restore_stats};
-pub use version::{CriuVersion, MIN_CRIU_VERSION, VersionError, check_criu, check_criu_with, parse_version};
+pub use version::{
+    CriuVersion, MIN_CRIU_VERSION, VersionError, check_criu, check_criu_with, parse_version,
+};

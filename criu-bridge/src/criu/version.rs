@@ -85,7 +85,10 @@ pub fn check_criu(binary: &Path) -> Result<CriuVersion, VersionError> {
 }
 
 /// [`check_criu`], spawning through `spawner` (a shim's reaper must see every child).
-pub fn check_criu_with(spawner: &dyn crate::runc::Spawner, binary: &Path) -> Result<CriuVersion, VersionError> {
+pub fn check_criu_with(
+    spawner: &dyn crate::runc::Spawner,
+    binary: &Path,
+) -> Result<CriuVersion, VersionError> {
     let mut cmd = Command::new(binary);
     cmd.arg("--version")
         .stdin(std::process::Stdio::null())

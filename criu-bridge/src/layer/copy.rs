@@ -229,14 +229,16 @@ fn remove_xattr(path: &Path, name: &OsStr) -> Result<(), CopyError> {
     Ok(())
 }
 
-/// Copies a regular file's data, keeping holes as holes. Returns the bytes written.
+/// Copies a regular file's data (in the kernel where it can), keeping holes as holes. Returns the bytes written.
 fn copy_sparse(src: &Path, dst: &Path) -> Result<u64, CopyError> {
     let mut from = step(File::open(src), "read", src)?;
     let mut to = step(File::create(dst), "create", dst)?;
     let len = step(from.metadata(), "stat", src)?.len();
     let mut written = 0u64;
     let mut pos = 0u64;
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = Vec::new();
+    // copy_file_range keeps the data in the kernel; read/write where it is not supported.
+    let mut in_kernel = true;
     while pos < len {
         let Some(data) = step(
             sys::seek_data_hole(&from, pos, libc::SEEK_DATA),
@@ -252,18 +254,42 @@ fn copy_sparse(src: &Path, dst: &Path) -> Result<u64, CopyError> {
             src,
         )?
         .unwrap_or(len);
-        step(from.seek(SeekFrom::Start(data)), "seek in", src)?;
-        step(to.seek(SeekFrom::Start(data)), "seek in", dst)?;
-        let mut left = hole - data;
-        while left > 0 {
-            let want = left.min(buf.len() as u64) as usize;
-            let n = step(from.read(&mut buf[..want]), "read", src)?;
-            if n == 0 {
-                break;
+        let mut at = data;
+        if in_kernel {
+            while at < hole {
+                match sys::copy_range(&from, &to, at, hole - at) {
+                    Ok(0) => break,
+                    Ok(n) => at += n,
+                    Err(e)
+                        if at == data
+                            && matches!(
+                                e.raw_os_error(),
+                                Some(libc::EXDEV | libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP)
+                            ) =>
+                    {
+                        in_kernel = false;
+                        break;
+                    }
+                    Err(e) => return step(Err(e), "copy", dst),
+                }
             }
-            step(to.write_all(&buf[..n]), "write", dst)?;
-            left -= n as u64;
-            written += n as u64;
+            written += at - data;
+        }
+        if !in_kernel {
+            buf.resize(1 << 20, 0);
+            step(from.seek(SeekFrom::Start(data)), "seek in", src)?;
+            step(to.seek(SeekFrom::Start(data)), "seek in", dst)?;
+            let mut left = hole - data;
+            while left > 0 {
+                let want = left.min(buf.len() as u64) as usize;
+                let n = step(from.read(&mut buf[..want]), "read", src)?;
+                if n == 0 {
+                    break;
+                }
+                step(to.write_all(&buf[..n]), "write", dst)?;
+                left -= n as u64;
+                written += n as u64;
+            }
         }
         pos = hole;
     }

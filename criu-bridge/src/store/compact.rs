@@ -29,7 +29,12 @@ pub enum CompactCheckpointError {
 impl Store {
     /// Rewrites checkpoint `seq` so that its `fs/` holds its whole chain merged (its `fs_chain`
     /// becomes `[seq]`). The old dir is swapped out atomically (`RENAME_EXCHANGE`).
-    pub fn compact(&self, namespace: &str, container: &str, seq: u64) -> Result<Checkpoint, CompactCheckpointError> {
+    pub fn compact(
+        &self,
+        namespace: &str,
+        container: &str,
+        seq: u64,
+    ) -> Result<Checkpoint, CompactCheckpointError> {
         let _lock = self.lock(namespace, container)?;
         let cp = self.load(namespace, container, seq)?;
         if cp.manifest.fs_chain.len() <= 1 {
@@ -38,24 +43,39 @@ impl Store {
         let tmp = cp.dir.with_file_name(format!("{TMP_PREFIX}compact-{seq}"));
         let guard = RemoveOnDrop(tmp.clone());
         let manifest = self.write_standalone(&cp, &tmp)?;
-        crate::sys::rename_exchange(&tmp, &cp.dir).map_err(|e| StoreError::io("swap", &cp.dir, e))?;
+        crate::sys::rename_exchange(&tmp, &cp.dir)
+            .map_err(|e| StoreError::io("swap", &cp.dir, e))?;
         if let Some(parent) = cp.dir.parent() {
             crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
         }
         drop(guard); // removes the old dir, now at `tmp`
         tracing::info!(container, seq, "fs chain compacted");
-        Ok(Checkpoint { dir: cp.dir, manifest })
+        Ok(Checkpoint {
+            dir: cp.dir,
+            manifest,
+        })
     }
 
     /// Writes a self-contained copy of checkpoint `seq` (CRIU images plus its fs chain merged
     /// into one layer) to the new dir `dest`, e.g. for containerd's `Task.Checkpoint` path or a
     /// registry push. Open it with [`Checkpoint::open`]; it restores without this store.
-    pub fn export(&self, namespace: &str, container: &str, seq: u64, dest: &Path) -> Result<Checkpoint, CompactCheckpointError> {
+    pub fn export(
+        &self,
+        namespace: &str,
+        container: &str,
+        seq: u64,
+        dest: &Path,
+    ) -> Result<Checkpoint, CompactCheckpointError> {
         let cp = self.load(namespace, container, seq)?;
         if dest.exists() {
-            return Err(StoreError::io("create", dest, std::io::ErrorKind::AlreadyExists.into()).into());
+            return Err(
+                StoreError::io("create", dest, std::io::ErrorKind::AlreadyExists.into()).into(),
+            );
         }
-        let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = dest
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = dest.with_file_name(format!("{TMP_PREFIX}{name}"));
         let guard = RemoveOnDrop(tmp.clone());
         let manifest = self.write_standalone(&cp, &tmp)?;
@@ -64,16 +84,27 @@ impl Store {
         if let Some(parent) = dest.parent() {
             crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
         }
-        Ok(Checkpoint { dir: dest.to_path_buf(), manifest })
+        Ok(Checkpoint {
+            dir: dest.to_path_buf(),
+            manifest,
+        })
     }
 
     /// Writes `cp` with its chain merged into the new dir `out` (files other than the layer are
     /// hardlinked, or copied across filesystems) and returns the new manifest.
-    fn write_standalone(&self, cp: &Checkpoint, out: &Path) -> Result<Manifest, CompactCheckpointError> {
+    fn write_standalone(
+        &self,
+        cp: &Checkpoint,
+        out: &Path,
+    ) -> Result<Manifest, CompactCheckpointError> {
         let m = &cp.manifest;
         let mut layers: Vec<PathBuf> = Vec::new();
         for &s in m.fs_chain.iter().rev() {
-            layers.push(if s == m.seq { cp.fs_dir() } else { self.load(&m.namespace, &m.container, s)?.fs_dir() });
+            layers.push(if s == m.seq {
+                cp.fs_dir()
+            } else {
+                self.load(&m.namespace, &m.container, s)?.fs_dir()
+            });
         }
         let _ = fs::remove_dir_all(out);
         mkdir_private(out)?;
@@ -95,13 +126,19 @@ impl Store {
         let mut manifest = m.clone();
         manifest.fs_chain = vec![m.seq];
         let files = record(out, true).map_err(|(p, e)| StoreError::io("record", &p, e))?;
-        manifest.sizes.fs_bytes = files.iter().filter(|f| f.path.starts_with("fs/")).map(|f| f.size).sum();
+        manifest.sizes.fs_bytes = files
+            .iter()
+            .filter(|f| f.path.starts_with("fs/"))
+            .map(|f| f.size)
+            .sum();
         manifest.sizes.total_bytes = files.iter().map(|f| f.size).sum();
         manifest.sizes.files = files.len() as u64;
         manifest.files = files;
         let mpath = out.join(MANIFEST_FILE);
         fs::write(&mpath, manifest.to_bytes()).map_err(|e| StoreError::io("write", &mpath, e))?;
-        fs::File::open(&mpath).and_then(|f| f.sync_all()).map_err(|e| StoreError::io("fsync", &mpath, e))?;
+        fs::File::open(&mpath)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| StoreError::io("fsync", &mpath, e))?;
         crate::sys::fsync_dir(out).map_err(|e| StoreError::io("fsync", out, e))?;
         Ok(manifest)
     }

@@ -117,7 +117,10 @@ impl Checkpoint {
     /// Opens a checkpoint dir outside a store (e.g. one written by [`Store::export`]).
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         let manifest = Manifest::read(&dir.join(MANIFEST_FILE))?;
-        Ok(Self { dir: dir.to_path_buf(), manifest })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            manifest,
+        })
     }
 
     /// The CRIU image dir.
