@@ -200,7 +200,11 @@ impl Inner {
         seq: Option<u64>,
     ) -> Result<(Checkpoint, u64)> {
         let store = self.settings.store();
-        let (ns, cid, criu) = (namespace.to_string(), id.to_string(), self.settings.criu.clone());
+        let (ns, cid, criu) = (
+            namespace.to_string(),
+            id.to_string(),
+            self.settings.criu.clone(),
+        );
         let started = Instant::now();
         let cp = tokio::task::spawn_blocking(move || -> Result<Checkpoint> {
             let cp = match seq {
@@ -298,6 +302,12 @@ impl Inner {
             .trim()
             .parse::<u32>()
             .map_err(|e| Error::Checkpoint(format!("bad pid in {}: {e}", pid_file.display())))?;
+        if let Err(e) = crate::netns::loopback_up(pid) {
+            log::warn!(
+                "container {}: cannot bring loopback up after restore: {e}",
+                c.id
+            );
+        }
         c.init.pid = pid;
         c.init.io = Some(pio);
         c.init.status = Status::RUNNING;
