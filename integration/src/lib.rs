@@ -4,6 +4,7 @@
 //! A missing prerequisite (containerd, runc, an image) fails the test with a message naming it:
 //! nothing here skips.
 
+pub mod bench;
 pub mod client;
 pub mod containerd;
 pub mod docker;

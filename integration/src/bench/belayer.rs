@@ -1,0 +1,160 @@
+//! Belayer's side: the episode under the Belayer runtime, `belayer checkpoint`, restore in place
+//! after a crash, restore of a live container, and a fork of 8 — each restore checked.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::bench::check::{self, Checks};
+use crate::bench::ctrd::{self, BELAYER};
+use crate::bench::stats::Samples;
+use crate::containerd::{Containerd, Out};
+use crate::episode::{self, Action, Sandbox};
+
+/// How many forks the fork measurement starts.
+pub const FORKS: u32 = 8;
+
+/// Runs `belayer ARGS`, returning its output and wall time.
+fn timed(c: &Containerd, args: &[&str]) -> (Out, f64) {
+    let start = Instant::now();
+    let out = c.belayer(args);
+    (out, start.elapsed().as_secs_f64())
+}
+
+/// Runs a `belayer restore`, then waits for `ctr tasks ls` to show the task running; the
+/// time covers both.
+fn restore(
+    c: &Containerd,
+    run: u32,
+    what: &str,
+    args: &[&str],
+    checks: &mut Checks,
+) -> Option<f64> {
+    let start = Instant::now();
+    let out = c.belayer(args);
+    let running =
+        out.code == 0 && ctrd::wait_status(c, &[args[1]], "RUNNING", Duration::from_secs(60));
+    let secs = start.elapsed().as_secs_f64();
+    checks.record(
+        "belayer",
+        run,
+        args[1],
+        &format!("{what} runs the task"),
+        running,
+        format!("{out:?}"),
+    );
+    running.then_some(secs)
+}
+
+/// One run of Belayer's measurements; returns the checkpoint's manifest figures.
+pub fn measure(
+    c: &Containerd,
+    run: u32,
+    actions: &[Action],
+    samples: &mut Samples,
+    checks: &mut Checks,
+) -> Value {
+    let id = format!("belayer-{run}");
+    let (s, secs) = ctrd::episode(c, BELAYER, &id, actions);
+    samples.push("episode_belayer", secs);
+    let exec = |script: &str| s.exec(script, None);
+
+    let (out, secs) = timed(c, &["checkpoint", &id]);
+    checks.record(
+        "belayer",
+        run,
+        &id,
+        "belayer checkpoint succeeds",
+        out.code == 0,
+        out.stderr.trim(),
+    );
+    let cp = out.stdout.trim().to_string();
+    let info: Value =
+        serde_json::from_str(&c.belayer(&["inspect", &id, &cp]).stdout).unwrap_or(Value::Null);
+    let frozen_us = info["timings"]["frozen_us"].as_u64();
+    checks.record(
+        "belayer",
+        run,
+        &id,
+        "inspect shows the frozen time",
+        frozen_us.is_some(),
+        info.to_string(),
+    );
+    samples.push("belayer_checkpoint", secs);
+    if let Some(us) = frozen_us {
+        samples.push("belayer_frozen", us as f64 / 1e6);
+    }
+    eprintln!(
+        "  belayer checkpoint {secs:.2}s (frozen {:.2}s)",
+        frozen_us.unwrap_or(0) as f64 / 1e6
+    );
+
+    s.run(&episode::more_changes());
+    ctrd::crash(c, &id);
+    if let Some(secs) = restore(c, run, "restore after a crash", &["restore", &id], checks) {
+        samples.push("belayer_restore", secs);
+        eprintln!("  belayer restore in place {secs:.2}s");
+        check::restored(
+            checks,
+            "belayer",
+            run,
+            &format!("{id} (in place)"),
+            None,
+            &exec,
+        );
+        check::rolled_back(checks, "belayer", run, &format!("{id} (in place)"), &exec);
+    }
+
+    s.run(&episode::more_changes());
+    if let Some(secs) = restore(
+        c,
+        run,
+        "restore of a live container",
+        &["restore", &id, "--checkpoint", &cp],
+        checks,
+    ) {
+        samples.push("belayer_restore_live", secs);
+        eprintln!("  belayer restore live {secs:.2}s");
+        check::restored(checks, "belayer", run, &format!("{id} (live)"), None, &exec);
+        check::rolled_back(checks, "belayer", run, &format!("{id} (live)"), &exec);
+    }
+
+    fork(c, run, &id, &cp, samples, checks);
+    ctrd::remove(c, &id);
+    let _ = c.belayer(&["rm", &id, &cp]);
+    json!({ "run": run, "checkpoint": cp, "sizes": info["sizes"], "timings": info["timings"], "criu_stats": info["criu_stats"] })
+}
+
+/// `belayer fork --count 8`, timed until all 8 tasks run; each fork checked, then removed.
+fn fork(c: &Containerd, run: u32, id: &str, cp: &str, samples: &mut Samples, checks: &mut Checks) {
+    let count = FORKS.to_string();
+    let start = Instant::now();
+    let out = c.belayer(&["fork", id, "--checkpoint", cp, "--count", &count]);
+    let forks: Vec<String> = out.stdout.lines().map(str::to_string).collect();
+    let ids: Vec<&str> = forks.iter().map(String::as_str).collect();
+    let running = out.code == 0
+        && forks.len() == FORKS as usize
+        && ctrd::wait_status(c, &ids, "RUNNING", Duration::from_secs(120));
+    let secs = start.elapsed().as_secs_f64();
+    checks.record(
+        "belayer",
+        run,
+        id,
+        &format!("fork of {FORKS} runs {FORKS} tasks"),
+        running,
+        format!("{out:?}"),
+    );
+    if running {
+        samples.push("belayer_fork8", secs);
+        eprintln!("  belayer fork of {FORKS} {secs:.2}s");
+        for f in &forks {
+            let s = Sandbox::attach(c, f);
+            let exec = |script: &str| s.exec(script, None);
+            check::restored(checks, "belayer", run, f, None, &exec);
+            check::rolled_back(checks, "belayer", run, f, &exec);
+        }
+    }
+    for f in &forks {
+        ctrd::remove(c, f);
+    }
+}

@@ -1,0 +1,218 @@
+//! Correctness checks on a restored or forked episode, so a broken restore cannot be reported as
+//! a fast one: the background process's memory digest, and the counter file (exactly 1..N, and
+//! still growing: memory and filesystem from one instant, processes alive).
+
+use std::time::Duration;
+
+use crate::containerd::Out;
+use crate::episode::is_contiguous;
+
+/// Asks the background process for the sha256 of its memory now.
+const ASK_DIGEST: &str = "python3 -c 'import socket; s = socket.create_connection((\"127.0.0.1\", 8765), timeout=30); print(s.recv(64).decode())'";
+
+/// One check's outcome. Belayer's checks gate the exit status; the baselines' are findings
+/// about them (reported, not fatal: a baseline restore that is broken only flatters the
+/// baseline's time).
+#[derive(Clone, Debug)]
+pub struct Check {
+    pub system: &'static str,
+    pub run: u32,
+    /// The container checked.
+    pub target: String,
+    pub what: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl Check {
+    pub fn gating(&self) -> bool {
+        self.system == "belayer"
+    }
+}
+
+/// Every check of a benchmark run.
+#[derive(Clone, Debug, Default)]
+pub struct Checks(pub Vec<Check>);
+
+impl Checks {
+    /// Records a check and says so on stderr when it fails.
+    pub fn record(
+        &mut self,
+        system: &'static str,
+        run: u32,
+        target: &str,
+        what: &str,
+        ok: bool,
+        detail: impl Into<String>,
+    ) {
+        let c = Check {
+            system,
+            run,
+            target: target.into(),
+            what: what.into(),
+            ok,
+            detail: detail.into(),
+        };
+        if !c.ok {
+            let kind = if c.gating() {
+                "CHECK FAILED"
+            } else {
+                "finding"
+            };
+            eprintln!(
+                "{kind} [{} run {}] {}: {}: {}",
+                c.system, c.run, c.target, c.what, c.detail
+            );
+        }
+        self.0.push(c);
+    }
+
+    /// Failed checks that gate the exit status (Belayer's).
+    pub fn failed(&self) -> usize {
+        self.0.iter().filter(|c| c.gating() && !c.ok).count()
+    }
+
+    /// Per system and check: (system, what, passed, total, first failure's detail).
+    pub fn summary(&self) -> Vec<(&'static str, String, usize, usize, Option<String>)> {
+        let mut rows: Vec<(&'static str, String, usize, usize, Option<String>)> = Vec::new();
+        for c in &self.0 {
+            let i = match rows.iter().position(|r| r.0 == c.system && r.1 == c.what) {
+                Some(i) => i,
+                None => {
+                    rows.push((c.system, c.what.clone(), 0, 0, None));
+                    rows.len() - 1
+                }
+            };
+            let r = &mut rows[i];
+            r.3 += 1;
+            if c.ok {
+                r.2 += 1;
+            } else if r.4.is_none() {
+                r.4 = Some(c.detail.clone());
+            }
+        }
+        rows
+    }
+}
+
+fn numbers(out: &Out) -> Vec<u64> {
+    out.stdout
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+fn tail(ns: &[u64]) -> String {
+    format!(
+        "{} numbers, last {:?}",
+        ns.len(),
+        &ns[ns.len().saturating_sub(4)..]
+    )
+}
+
+/// Checks a restored episode through `exec` (runs a shell script in the container named
+/// `target`). `pid`: a process of the container, for the baselines: when their restored
+/// network namespace has its loopback down (so the holder is unreachable), that is recorded,
+/// loopback is brought up from the host with `nsenter … ip link set lo up`, and the memory
+/// is checked after all.
+pub fn restored(
+    checks: &mut Checks,
+    system: &'static str,
+    run: u32,
+    target: &str,
+    pid: Option<u32>,
+    exec: &dyn Fn(&str) -> Out,
+) {
+    let mut now = exec(ASK_DIGEST);
+    if let Some(pid) = pid {
+        let up = now.code == 0;
+        let why = if up {
+            String::new()
+        } else {
+            format!(
+                "{} (then: nsenter -t {pid} -n ip link set lo up)",
+                last_line(&now.stderr)
+            )
+        };
+        checks.record(
+            system,
+            run,
+            target,
+            "127.0.0.1 reachable after restore",
+            up,
+            why,
+        );
+        if !up {
+            let _ = std::process::Command::new("nsenter")
+                .args([
+                    "-t",
+                    &pid.to_string(),
+                    "-n",
+                    "ip",
+                    "link",
+                    "set",
+                    "lo",
+                    "up",
+                ])
+                .status();
+            now = exec(ASK_DIGEST);
+        }
+    }
+    let at_start = exec("cat /work/holder.ready");
+    let (digest, at_start) = (now.stdout.trim(), at_start.stdout.trim());
+    checks.record(
+        system,
+        run,
+        target,
+        "holder memory digest unchanged",
+        !digest.is_empty() && digest == at_start,
+        format!(
+            "now {digest:?}, at start {at_start:?} {}",
+            last_line(&now.stderr)
+        ),
+    );
+    let first = numbers(&exec("cat /work/counter"));
+    checks.record(
+        system,
+        run,
+        target,
+        "counter file is 1..N",
+        is_contiguous(&first),
+        tail(&first),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let later = numbers(&exec("cat /work/counter"));
+    checks.record(
+        system,
+        run,
+        target,
+        "counter continues",
+        later.len() > first.len() && is_contiguous(&later),
+        tail(&later),
+    );
+}
+
+fn last_line(s: &str) -> &str {
+    s.trim().lines().last().unwrap_or_default()
+}
+
+/// Checks that a file made after the checkpoint is gone (the filesystem was rolled back).
+pub fn rolled_back(
+    checks: &mut Checks,
+    system: &'static str,
+    run: u32,
+    target: &str,
+    exec: &dyn Fn(&str) -> Out,
+) {
+    let out = exec(
+        "test ! -e /work/new-file && test -f /work/src/pkg/mod.py && python3 -c 'import belayer_demo'",
+    );
+    checks.record(
+        system,
+        run,
+        target,
+        "filesystem back at the checkpoint",
+        out.code == 0,
+        format!("exit {} {}", out.code, out.stderr.trim()),
+    );
+}
