@@ -251,7 +251,11 @@ impl Containerd {
     /// A `belayer` CLI command against this containerd, in its namespace, with its store.
     pub fn belayer_cmd(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(self.bin_dir.join("belayer"));
-        cmd.arg("--address").arg(&self.sock).arg("--namespace").arg(&self.ns).args(args);
+        cmd.arg("--address")
+            .arg(&self.sock)
+            .arg("--namespace")
+            .arg(&self.ns)
+            .args(args);
         cmd.env("BELAYER_STORE", &self.store);
         cmd
     }

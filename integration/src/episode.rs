@@ -24,11 +24,19 @@ pub struct Action {
 }
 
 fn action(name: &'static str, script: &str) -> Action {
-    Action { name, script: script.to_string(), stdin: None }
+    Action {
+        name,
+        script: script.to_string(),
+        stdin: None,
+    }
 }
 
 fn upload(name: &'static str, path: &str, data: Vec<u8>) -> Action {
-    Action { name, script: format!("mkdir -p \"$(dirname {path})\" && cat > {path}"), stdin: Some(data) }
+    Action {
+        name,
+        script: format!("mkdir -p \"$(dirname {path})\" && cat > {path}"),
+        stdin: Some(data),
+    }
 }
 
 /// A local wheel (`belayer_demo` 1.0), made with the host's python3.
@@ -38,7 +46,11 @@ pub fn wheel() -> Vec<u8> {
     let script = dir.join("mkwheel.py");
     std::fs::write(&script, include_bytes!("../assets/mkwheel.py")).expect("write mkwheel.py");
     let out = dir.join("belayer_demo-1.0-py3-none-any.whl");
-    let status = std::process::Command::new("python3").arg(&script).arg(&out).status().expect("python3");
+    let status = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(&out)
+        .status()
+        .expect("python3");
     assert!(status.success(), "mkwheel.py failed");
     let bytes = std::fs::read(&out).expect("wheel");
     let _ = std::fs::remove_dir_all(&dir);
@@ -51,7 +63,11 @@ pub fn actions(holder_mb: u32) -> Vec<Action> {
         upload("upload-tools", "/opt/belayer/tree.py", TREE.to_vec()),
         upload("upload-holder", "/work/holder.py", HOLDER.to_vec()),
         upload("upload-counter", "/work/counter.sh", COUNTER.to_vec()),
-        upload("upload-wheel", "/work/dist/belayer_demo-1.0-py3-none-any.whl", wheel()),
+        upload(
+            "upload-wheel",
+            "/work/dist/belayer_demo-1.0-py3-none-any.whl",
+            wheel(),
+        ),
         action(
             "pip-install",
             "pip install --no-index --break-system-packages -q /work/dist/belayer_demo-1.0-py3-none-any.whl \
@@ -83,16 +99,28 @@ pub fn actions(holder_mb: u32) -> Vec<Action> {
             ),
             stdin: None,
         },
-        action("start-counter", "(nohup sh /work/counter.sh > /dev/null 2>&1 &) && sleep 0.2"),
+        action(
+            "start-counter",
+            "(nohup sh /work/counter.sh > /dev/null 2>&1 &) && sleep 0.2",
+        ),
     ]
 }
 
 /// Changes made after a checkpoint, which a restore must undo.
 pub fn more_changes() -> Vec<Action> {
     vec![
-        action("later-edit", "echo changed > /work/main.py && rm -rf /work/src && touch /work/new-file"),
-        action("later-pip", "pip uninstall -y -q --break-system-packages belayer-demo"),
-        action("later-image", "rm -rf /usr/share/doc && echo again > /etc/issue"),
+        action(
+            "later-edit",
+            "echo changed > /work/main.py && rm -rf /work/src && touch /work/new-file",
+        ),
+        action(
+            "later-pip",
+            "pip uninstall -y -q --break-system-packages belayer-demo",
+        ),
+        action(
+            "later-image",
+            "rm -rf /usr/share/doc && echo again > /etc/issue",
+        ),
     ]
 }
 
@@ -108,21 +136,51 @@ impl<'a> Sandbox<'a> {
     /// Imports the sandbox image (once per containerd) and starts `sleep infinity` in it.
     #[track_caller]
     pub fn start(c: &'a Containerd, runtime: &str, id: &str) -> Self {
-        if !c.ctr(&["images", "ls", "-q"]).stdout.lines().any(|l| l == SANDBOX) {
+        if !c
+            .ctr(&["images", "ls", "-q"])
+            .stdout
+            .lines()
+            .any(|l| l == SANDBOX)
+        {
             c.import(&prereq::image("sandbox.tar"));
         }
-        c.ctr(&["run", "-d", "--runtime", runtime, SANDBOX, id, "sleep", "infinity"]).ok();
-        Self { c, id: id.to_string() }
+        c.ctr(&[
+            "run",
+            "-d",
+            "--runtime",
+            runtime,
+            SANDBOX,
+            id,
+            "sleep",
+            "infinity",
+        ])
+        .ok();
+        Self {
+            c,
+            id: id.to_string(),
+        }
     }
 
     /// Wraps an existing container (a fork, say).
     pub fn attach(c: &'a Containerd, id: &str) -> Self {
-        Self { c, id: id.to_string() }
+        Self {
+            c,
+            id: id.to_string(),
+        }
     }
 
     pub fn exec(&self, script: &str, stdin: Option<&[u8]>) -> Out {
         let exec_id = format!("a{}", EXEC.fetch_add(1, Ordering::Relaxed));
-        let args = ["tasks", "exec", "--exec-id", &exec_id, &self.id, "sh", "-c", script];
+        let args = [
+            "tasks",
+            "exec",
+            "--exec-id",
+            &exec_id,
+            &self.id,
+            "sh",
+            "-c",
+            script,
+        ];
         match stdin {
             Some(data) => self.c.ctr_stdin(&args, data),
             None => self.c.ctr(&args),
@@ -137,7 +195,11 @@ impl<'a> Sandbox<'a> {
             .map(|a| {
                 let start = Instant::now();
                 let out = self.exec(&a.script, a.stdin.as_deref());
-                assert_eq!(out.code, 0, "action {} failed in {}: {out:?}", a.name, self.id);
+                assert_eq!(
+                    out.code, 0,
+                    "action {} failed in {}: {out:?}",
+                    a.name, self.id
+                );
                 (a.name, start.elapsed())
             })
             .collect()
@@ -157,12 +219,19 @@ impl<'a> Sandbox<'a> {
         let ask = "python3 -c 'import socket; s = socket.create_connection((\"127.0.0.1\", 8765), timeout=30); print(s.recv(64).decode())'";
         let now = self.exec(ask, None);
         let start = self.exec("cat /work/holder.ready", None);
-        (now.stdout.trim().to_string(), start.stdout.trim().to_string())
+        (
+            now.stdout.trim().to_string(),
+            start.stdout.trim().to_string(),
+        )
     }
 
     /// The counter file's numbers.
     pub fn counter(&self) -> Vec<u64> {
-        self.exec("cat /work/counter", None).stdout.lines().filter_map(|l| l.trim().parse().ok()).collect()
+        self.exec("cat /work/counter", None)
+            .stdout
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
     }
 }
 

@@ -227,8 +227,13 @@ impl Inner {
     fn mount_from(&self, c: &mut Container, cp: &Checkpoint) -> Result<(PathBuf, u64)> {
         let target = crate::rootfs::path(&c.bundle)?;
         let uppers = self.settings.uppers(&self.namespace, &c.id);
-        let generation = std::fs::read_dir(&uppers).map(|d| d.count()).unwrap_or(0) + 1;
-        let dir = uppers.join(format!("g{generation}-{}", std::process::id()));
+        // A name no earlier restore of this container used: the upper being replaced may still
+        // be mounted until the new one is up.
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos();
+        let dir = uppers.join(format!("g{stamp}"));
         let (upper, work) = (dir.join("upper"), dir.join("work"));
         std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
         let store = self.settings.store();

@@ -1,0 +1,199 @@
+//! Full checkpoint and restore on the reference episode (real containerd, runc, CRIU, overlayfs):
+//! the filesystem tree and the processes come back as they were at the checkpoint instant, in
+//! place and as forks; chains of checkpoints each restore to their own state.
+
+mod common;
+
+use std::time::Duration;
+
+use belayer_integration::episode::{self, Sandbox, is_contiguous};
+use belayer_integration::{Containerd, Flavor};
+use common::*;
+
+/// Lines in `a` not in `b`, for readable failures.
+fn diff(a: &[String], b: &[String]) -> Vec<String> {
+    let bs: std::collections::HashSet<&String> = b.iter().collect();
+    a.iter()
+        .filter(|l| !bs.contains(l))
+        .take(20)
+        .cloned()
+        .collect()
+}
+
+#[track_caller]
+fn assert_same_tree(label: &str, expected: &[String], got: &[String]) {
+    assert!(
+        expected == got,
+        "{label}: filesystem differs from the checkpoint instant\n  missing or changed: {:#?}\n  unexpected: {:#?}",
+        diff(expected, got),
+        diff(got, expected)
+    );
+}
+
+#[track_caller]
+fn checkpoint(c: &Containerd, id: &str) -> String {
+    let out = c.belayer(&["checkpoint", id]);
+    assert_eq!(out.code, 0, "checkpoint {id}: {out:?}");
+    out.stdout.trim().to_string()
+}
+
+#[track_caller]
+fn restore(c: &Containerd, id: &str, cp: Option<&str>) {
+    let mut args = vec!["restore", id];
+    if let Some(cp) = cp {
+        args.extend(["--checkpoint", cp]);
+    }
+    let out = c.belayer(&args);
+    assert_eq!(out.code, 0, "restore {id} {cp:?}: {out:?}");
+    assert_eq!(task_status(c, id), "RUNNING");
+}
+
+/// The processes of a restored episode: memory intact, counter consistent with the files.
+#[track_caller]
+fn assert_processes_intact(s: &Sandbox) {
+    let (now, at_start) = s.holder_digests();
+    assert!(
+        !now.is_empty() && now == at_start,
+        "background process memory changed: {now:?} vs {at_start:?}"
+    );
+    let first = s.counter();
+    assert!(
+        is_contiguous(&first),
+        "counter file is not exactly 1..N after restore (memory and filesystem disagree): {:?}…",
+        &first[first.len().saturating_sub(5)..]
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let later = s.counter();
+    assert!(
+        later.len() > first.len() && is_contiguous(&later),
+        "the counter process does not continue"
+    );
+}
+
+#[test]
+fn episode_restores_whole_in_place() {
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start(&c, BELAYER, "episode");
+    s.run(&episode::actions(300));
+    let at_checkpoint = s.tree();
+    let cp = checkpoint(&c, "episode");
+    assert_eq!(
+        c.belayer(&["checkpoints", "episode"]).stdout,
+        format!("{cp}\n")
+    );
+    let info: serde_json::Value =
+        serde_json::from_str(&c.belayer(&["inspect", "episode", &cp]).ok().stdout)
+            .expect("inspect JSON");
+    for key in ["path", "parent", "sizes", "timings"] {
+        assert!(info.get(key).is_some(), "inspect lacks {key}: {info}");
+    }
+    assert!(
+        info["sizes"]["criu_bytes"].as_u64().unwrap_or(0) > 300 << 20,
+        "CRIU images smaller than the 300 MB held: {info}"
+    );
+
+    s.run(&episode::more_changes());
+    assert_ne!(s.tree(), at_checkpoint, "the later changes changed nothing");
+
+    // Dead: the sandbox crashed.
+    c.ctr(&["tasks", "kill", "-s", "9", "episode"]).ok();
+    assert!(wait_until(Duration::from_secs(10), || task_status(
+        &c, "episode"
+    ) == "STOPPED"));
+    restore(&c, "episode", None);
+    assert_same_tree("restore of a dead container", &at_checkpoint, &s.tree());
+    assert_processes_intact(&s);
+    assert_eq!(
+        s.exec(
+            "python3 -c 'import belayer_demo; print(belayer_demo.answer())'",
+            None
+        )
+        .stdout,
+        "42\n"
+    );
+
+    // Alive: roll a running container back.
+    s.run(&episode::more_changes());
+    restore(&c, "episode", Some(&cp));
+    assert_same_tree("restore of a live container", &at_checkpoint, &s.tree());
+    assert_processes_intact(&s);
+    remove(&c, "episode");
+}
+
+#[test]
+fn chain_of_three_and_four_forks() {
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start(&c, BELAYER, "chain");
+    s.run(&episode::actions(16));
+    let mut states = Vec::new();
+    for k in 1..=3 {
+        s.run(&[]);
+        let script = format!(
+            "echo {k} > /work/state && rm -rf /work/gen{} && mkdir /work/gen{k} && echo {k} > /work/gen{k}/f",
+            k - 1
+        );
+        assert_eq!(s.exec(&script, None).code, 0);
+        let tree = s.tree();
+        let id = checkpoint(&c, "chain");
+        states.push((id, tree));
+    }
+    let ids: Vec<&str> = states.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(
+        c.belayer(&["checkpoints", "chain"]).stdout,
+        format!("{}\n", ids.join("\n")),
+        "checkpoints not listed oldest first"
+    );
+    let parents: Vec<serde_json::Value> = ids
+        .iter()
+        .map(|id| {
+            serde_json::from_str::<serde_json::Value>(
+                &c.belayer(&["inspect", "chain", id]).ok().stdout,
+            )
+            .unwrap()["parent"]
+                .clone()
+        })
+        .collect();
+    assert_eq!(
+        parents,
+        vec![serde_json::Value::Null, ids[0].into(), ids[1].into()],
+        "chain parents"
+    );
+    // Each checkpoint of the chain restores to its own state, in any order.
+    for k in [0usize, 2, 1] {
+        let (id, tree) = &states[k];
+        restore(&c, "chain", Some(id));
+        assert_same_tree(&format!("checkpoint {id}"), tree, &s.tree());
+        assert_processes_intact(&s);
+    }
+
+    // Four forks of the newest checkpoint: each its own writable layer.
+    let (newest, tree) = &states[2];
+    let out = c.belayer(&["fork", "chain", "--checkpoint", newest, "--count", "4"]);
+    assert_eq!(out.code, 0, "fork: {out:?}");
+    let forks: Vec<String> = out.stdout.lines().map(str::to_string).collect();
+    assert_eq!(forks.len(), 4, "{out:?}");
+    for f in &forks {
+        assert_eq!(task_status(&c, f), "RUNNING", "fork {f}");
+        let fork = Sandbox::attach(&c, f);
+        assert_same_tree(&format!("fork {f}"), tree, &fork.tree());
+        assert_processes_intact(&fork);
+        assert_eq!(fork.exec(&format!("echo {f} > /work/mine"), None).code, 0);
+    }
+    for f in &forks {
+        let fork = Sandbox::attach(&c, f);
+        assert_eq!(
+            fork.exec("cat /work/mine", None).stdout.trim(),
+            f,
+            "fork {f} sees another fork's write"
+        );
+    }
+    assert_ne!(
+        s.exec("cat /work/mine", None).code,
+        0,
+        "the source container sees a fork's write"
+    );
+    for f in &forks {
+        remove(&c, f);
+    }
+    remove(&c, "chain");
+}
