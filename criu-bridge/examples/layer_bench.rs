@@ -3,6 +3,7 @@
 //!
 //! `cargo run --release -p criu-bridge --example layer_bench [DIR]` (root; DIR defaults to a
 //! temp dir on the disk of /var/tmp). Prints one JSON object per measurement.
+//! `LAYER_BENCH_CASES=0,5` runs only those cases.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -49,7 +50,13 @@ fn main() {
         (10_000, 4 << 10),
         (4, 256 << 20),
     ];
+    let only: Option<Vec<usize>> = std::env::var("LAYER_BENCH_CASES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.parse().ok()).collect());
     for (i, &(files, size)) in cases.iter().enumerate() {
+        if only.as_ref().is_some_and(|o| !o.contains(&i)) {
+            continue;
+        }
         let up = base.join(format!("u{i}"));
         let merged = base.join(format!("m{i}"));
         mount_chain(

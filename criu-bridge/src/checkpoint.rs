@@ -166,11 +166,12 @@ fn micros(since: Instant) -> u64 {
 
 /// Takes a checkpoint of processes and filesystem at one instant.
 ///
-/// Sequence: `runc pause` (skipped when already paused) → `runc checkpoint [--leave-running]`
+/// Sequence: `runc pause` (skipped when already paused) → `runc checkpoint --leave-running`
 /// (runc hands CRIU the freezer cgroup; CRIU leaves it in the state it found: frozen) → fs
-/// capture from the upper dir → `runc resume` (only if this call paused it and the processes
-/// were left running) → hash, manifest, fsync, rename. The container is frozen only for the
-/// first three steps.
+/// capture from the upper dir → `runc resume` (only if this call paused it) → hash, manifest,
+/// fsync, rename. The container is frozen only for the first four steps. In exit mode the fs
+/// capture comes before the dump (both inside the frozen window, so the same instant): a failed
+/// capture then leaves the container running instead of lost.
 pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, CheckpointError> {
     let start = Instant::now();
     let id = req.id;
@@ -224,6 +225,26 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         armed: we_pause,
     };
 
+    let capture = |t: &mut Timings| {
+        let at = Instant::now();
+        let r = capture_layer(req.upper_dir, parent_index.as_ref(), &pending.fs_dir());
+        t.fs_capture_us = micros(at);
+        r.map_err(|source| match source {
+            CaptureError::DiskFull(e) => CheckpointError::DiskFull { path: e.path },
+            source => CheckpointError::Capture {
+                id: id.into(),
+                source,
+            },
+        })
+    };
+    // Exit mode captures the filesystem first (still frozen, so the same instant): once CRIU
+    // has killed the processes, a failed capture could not be undone.
+    let early = if req.leave_running {
+        None
+    } else {
+        Some(capture(&mut t)?)
+    };
+
     let dump_at = Instant::now();
     let criu_dir = pending.criu_dir();
     if let Err(source) = req
@@ -249,17 +270,10 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         // The processes are gone and runc deleted the container: nothing to thaw.
         thaw.armed = false;
     }
-
-    let capture_at = Instant::now();
-    let (index, capture) = capture_layer(req.upper_dir, parent_index.as_ref(), &pending.fs_dir())
-        .map_err(|source| match source {
-        CaptureError::DiskFull(e) => CheckpointError::DiskFull { path: e.path },
-        source => CheckpointError::Capture {
-            id: id.into(),
-            source,
-        },
-    })?;
-    t.fs_capture_us = micros(capture_at);
+    let (index, capture) = match early {
+        Some(done) => done,
+        None => capture(&mut t)?,
+    };
 
     if thaw.armed {
         let thaw_at = Instant::now();
