@@ -23,6 +23,11 @@ impl Broker {
             "primary lost"
         );
         match (dead, pidfd) {
+            (true, _) => {
+                if let Some(kv) = self.kv.as_mut() {
+                    kv.pages.give_back(&lease.pages);
+                }
+            }
             (false, Some(pidfd)) => {
                 // Alive (hung, stopped, or misbehaving): fence it. Its pages stay quarantined
                 // until its pid is gone, so a zombie cannot scribble on a successor's KV.
@@ -31,10 +36,13 @@ impl Broker {
                     pages: lease.pages,
                 });
             }
-            _ => {
-                if let Some(kv) = self.kv.as_mut() {
-                    kv.pages.give_back(&lease.pages);
-                }
+            (false, None) => {
+                // No pidfd (pidfd_open failed at connect): its death can never be confirmed, so
+                // its pages are never reused.
+                tracing::warn!(
+                    peer = lease.peer,
+                    "no pidfd: KV pages of the lost primary stay retired"
+                );
             }
         }
         // Fence: no grant or commit of the old epoch is accepted from here on.
