@@ -252,11 +252,13 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         .checkpoint(id, &criu_dir, &criu_dir, req.leave_running, &req.criu)
     {
         let log = CriuLog::read(criu_dir.join("dump.log"));
-        if log
+        // CRIU may not even manage to log ENOSPC when its log shares the full disk.
+        let full = log
             .lines
             .iter()
             .any(|l| l.contains("No space left on device"))
-        {
+            || crate::sys::free_bytes(&criu_dir).is_ok_and(|b| b < (1 << 20));
+        if full {
             return Err(CheckpointError::DiskFull { path: criu_dir });
         }
         return Err(CheckpointError::Dump {

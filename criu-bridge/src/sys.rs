@@ -259,3 +259,13 @@ pub fn copy_range(from: &File, to: &File, off: u64, len: u64) -> io::Result<u64>
         Ok(r as u64)
     }
 }
+
+/// Bytes available to unprivileged users on the filesystem of `path`.
+pub fn free_bytes(path: &Path) -> io::Result<u64> {
+    let p = cpath(path)?;
+    // SAFETY: statvfs is plain old data; all-zero is a valid value.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `p` is NUL-terminated and `st` is a valid writable buffer.
+    check(unsafe { libc::statvfs(p.as_ptr(), &mut st) })?;
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}

@@ -260,3 +260,46 @@ fn criu_failures_concurrency_and_corruption_are_typed_and_harmless() {
     );
     assert_eq!(c.status(&c.id).as_deref(), Some("running"));
 }
+
+#[test]
+fn a_full_store_disk_fails_cleanly_and_the_container_keeps_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    let c = Container::start(base, "bl-full", COUNTER);
+    let small = base.join("small-store");
+    std::fs::create_dir_all(&small).unwrap();
+    common::sh(
+        base,
+        &format!("mount -t tmpfs -o size=128k tmpfs {}", small.display()),
+    );
+    c.extra_mounts.borrow_mut().push(small.clone());
+    let store = Store::new(&small);
+    std::thread::sleep(Duration::from_millis(200));
+    let err = checkpoint_container(&request(&c, &store, None, true)).unwrap_err();
+    assert!(matches!(err, CheckpointError::DiskFull { .. }), "{err}");
+    assert!(err.to_string().contains("disk full"), "{err}");
+    assert_eq!(
+        c.status(&c.id).as_deref(),
+        Some("running"),
+        "the container must keep running"
+    );
+    assert!(
+        store.list("default", &c.id).unwrap().is_empty(),
+        "partial checkpoint listed"
+    );
+    let left: Vec<_> = std::fs::read_dir(store.container_dir("default", &c.id).unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        [std::ffi::OsString::from(".lock")],
+        "partial files left"
+    );
+    let before = std::fs::read_to_string(c.rootfs.join("data/counter"))
+        .unwrap()
+        .lines()
+        .count();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(counter_is_consecutive(&c.rootfs, before + 2) > before);
+}
