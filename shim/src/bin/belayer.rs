@@ -7,7 +7,8 @@ fn main() -> std::process::ExitCode {
     match belayer_shim::cli::run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("belayer: {e}");
+            // One line: errors carry CRIU's log lines and sources, joined.
+            eprintln!("belayer: {}", e.trim().replace('\n', "; "));
             std::process::ExitCode::FAILURE
         }
     }

@@ -1,0 +1,287 @@
+//! Bad input to checkpoint and restore: each gives one clear line on stderr and a non-zero exit,
+//! the container keeps running untouched, existing checkpoints still restore, no partial
+//! checkpoint is listed and no mount is leaked.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use belayer_integration::episode::{self, Sandbox};
+use belayer_integration::{Containerd, Flavor, Out};
+use common::*;
+
+const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i >> /counter; sleep 0.01; done";
+
+/// Asserts a CLI failure: non-zero, one line on stderr starting `belayer: `, containing `needle`.
+#[track_caller]
+fn assert_clear_error(out: &Out, needle: &str) {
+    assert_ne!(out.code, 0, "expected a failure: {out:?}");
+    assert_eq!(
+        out.stderr.lines().count(),
+        1,
+        "error is not one line: {:?}",
+        out.stderr
+    );
+    assert!(out.stderr.starts_with("belayer: "), "{:?}", out.stderr);
+    assert!(
+        out.stderr.to_lowercase().contains(&needle.to_lowercase()),
+        "error {:?} does not say {needle:?}",
+        out.stderr
+    );
+}
+
+fn pid_of(c: &Containerd, id: &str) -> String {
+    c.ctr(&["tasks", "ls"])
+        .stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("{id} ")))
+        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// The container runs the same processes as before and they make progress.
+#[track_caller]
+fn assert_untouched(c: &Containerd, id: &str, pid: &str) {
+    assert_eq!(task_status(c, id), "RUNNING");
+    assert_eq!(pid_of(c, id), pid, "the container's init changed");
+    let count = || {
+        c.ctr(&[
+            "tasks",
+            "exec",
+            "--exec-id",
+            &format!("n{}", rand()),
+            id,
+            "sh",
+            "-c",
+            "wc -l < /counter",
+        ])
+        .stdout
+        .trim()
+        .parse::<u64>()
+        .unwrap_or(0)
+    };
+    let before = count();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        count() > before,
+        "the container's processes do not progress"
+    );
+}
+
+fn rand() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+fn checkpoint(c: &Containerd, id: &str) -> String {
+    let out = c.belayer(&["checkpoint", id]);
+    assert_eq!(out.code, 0, "{out:?}");
+    out.stdout.trim().to_string()
+}
+
+fn cp_dir(c: &Containerd, id: &str, cp: &str) -> PathBuf {
+    c.store.join("checkpoints").join(&c.ns).join(id).join(cp)
+}
+
+/// The largest file under `dir`.
+fn largest_file(dir: &Path) -> PathBuf {
+    let mut best = (0, PathBuf::new());
+    for e in std::fs::read_dir(dir).expect("read dir").flatten() {
+        let m = e.metadata().expect("meta");
+        if m.is_file() && m.len() > best.0 {
+            best = (m.len(), e.path());
+        }
+    }
+    best.1
+}
+
+/// Overlay mounts that stack checkpoint layers of this store.
+fn store_mounts(c: &Containerd) -> usize {
+    let store = c.store.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(" - overlay ") && l.contains(&store))
+        .count()
+}
+
+#[test]
+fn corrupt_truncated_unknown_and_missing() {
+    let c = Containerd::start(Flavor::V2);
+    run_detached(&c, BELAYER, "bad", &["sh", "-c", COUNTER]);
+    let good = checkpoint(&c, "bad");
+    let corrupt = checkpoint(&c, "bad");
+    let truncated = checkpoint(&c, "bad");
+    let future = checkpoint(&c, "bad");
+    let pid = pid_of(&c, "bad");
+
+    // One byte of a CRIU image flipped.
+    let victim = largest_file(&cp_dir(&c, "bad", &corrupt).join("criu"));
+    let mut bytes = std::fs::read(&victim).expect("read image");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&victim, bytes).expect("write image");
+    let name = victim.file_name().unwrap().to_string_lossy().into_owned();
+    assert_clear_error(
+        &c.belayer(&["restore", "bad", "--checkpoint", &corrupt]),
+        &name,
+    );
+    assert_untouched(&c, "bad", &pid);
+
+    // A manifest cut in half.
+    let manifest = cp_dir(&c, "bad", &truncated).join("manifest.json");
+    let text = std::fs::read(&manifest).expect("manifest");
+    std::fs::write(&manifest, &text[..text.len() / 2]).expect("truncate");
+    assert_clear_error(
+        &c.belayer(&["restore", "bad", "--checkpoint", &truncated]),
+        "manifest",
+    );
+    assert_clear_error(&c.belayer(&["inspect", "bad", &truncated]), "manifest");
+    assert_untouched(&c, "bad", &pid);
+
+    // A format from the future.
+    let manifest = cp_dir(&c, "bad", &future).join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).expect("manifest");
+    let text = text
+        .replacen("\"format_version\":1", "\"format_version\":999", 1)
+        .replacen("\"format_version\": 1", "\"format_version\": 999", 1);
+    assert!(
+        text.contains("999"),
+        "format_version not found in {manifest:?}"
+    );
+    std::fs::write(&manifest, text).expect("write manifest");
+    assert_clear_error(
+        &c.belayer(&["restore", "bad", "--checkpoint", &future]),
+        "999",
+    );
+    assert_untouched(&c, "bad", &pid);
+
+    // Missing things.
+    assert_clear_error(&c.belayer(&["restore", "bad", "--checkpoint", "42"]), "42");
+    assert_clear_error(&c.belayer(&["checkpoint", "nosuch"]), "nosuch not found");
+    assert_clear_error(&c.belayer(&["restore", "nosuch"]), "nosuch not found");
+    assert_clear_error(&c.belayer(&["checkpoints", "nosuch"]), "nosuch not found");
+    assert_clear_error(
+        &c.belayer(&["fork", "nosuch", "--checkpoint", "1"]),
+        "nosuch not found",
+    );
+    assert_clear_error(
+        &c.belayer(&["restore", "bad", "--checkpoint", "x1"]),
+        "invalid checkpoint id",
+    );
+    assert_untouched(&c, "bad", &pid);
+
+    // The good checkpoint still restores; one rootfs mount, none leaked by the failures.
+    let out = c.belayer(&["restore", "bad", "--checkpoint", &good]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(task_status(&c, "bad"), "RUNNING");
+    assert_eq!(store_mounts(&c), 1, "overlay mounts of the store");
+    remove(&c, "bad");
+    assert_eq!(
+        store_mounts(&c),
+        0,
+        "a checkpoint mount outlived its container"
+    );
+}
+
+/// A tmpfs mounted for the test's lifetime.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn new(path: PathBuf, size: &str) -> Self {
+        std::fs::create_dir_all(&path).expect("mkdir");
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&path)
+            .status()
+            .expect("mount");
+        assert!(ok.success(), "mount tmpfs at {}", path.display());
+        Self(path)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn full_disk_keeps_nothing_partial() {
+    let disk = Tmpfs::new(
+        std::env::temp_dir().join(format!("belayer-full-{}", std::process::id())),
+        "2m",
+    );
+    let c = Containerd::start_with_store(Flavor::V2, Some(disk.0.join("store")));
+    // 8 MB of shell variable: the CRIU images cannot fit in 2 MB.
+    let script = format!("x=$(head -c 8000000 /dev/zero | tr '\\0' a); {COUNTER}");
+    run_detached(&c, BELAYER, "full", &["sh", "-c", &script]);
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = pid_of(&c, "full");
+    assert_clear_error(&c.belayer(&["checkpoint", "full"]), "disk full");
+    assert_untouched(&c, "full", &pid);
+    assert_eq!(
+        c.belayer(&["checkpoints", "full"]).stdout,
+        "",
+        "a partial checkpoint is listed"
+    );
+    let dir = c.store.join("checkpoints").join(&c.ns).join("full");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name())
+                .filter(|n| !n.to_string_lossy().starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in the store: {left:?}");
+    let used = std::process::Command::new("df")
+        .arg("--output=used")
+        .arg(&disk.0)
+        .output()
+        .expect("df");
+    let used: u64 = String::from_utf8_lossy(&used.stdout)
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(used < 64, "{used} KiB still used on the full disk");
+    remove(&c, "full");
+}
+
+#[test]
+fn concurrent_checkpoints_one_wins() {
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start(&c, BELAYER, "twice");
+    s.run(&episode::actions(200));
+    let before = c.ctr(&["tasks", "ls"]).stdout;
+    let outs: Vec<Out> = std::thread::scope(|scope| {
+        let first = scope.spawn(|| c.belayer(&["checkpoint", "twice"]));
+        std::thread::sleep(Duration::from_millis(150));
+        let second = scope.spawn(|| c.belayer(&["checkpoint", "twice"]));
+        vec![first.join().unwrap(), second.join().unwrap()]
+    });
+    let ok: Vec<&Out> = outs.iter().filter(|o| o.code == 0).collect();
+    let failed: Vec<&Out> = outs.iter().filter(|o| o.code != 0).collect();
+    assert_eq!((ok.len(), failed.len()), (1, 1), "{outs:?}");
+    assert_clear_error(failed[0], "in progress");
+    assert_eq!(
+        c.belayer(&["checkpoints", "twice"]).stdout,
+        ok[0].stdout,
+        "exactly the winner is listed"
+    );
+    assert_eq!(
+        c.ctr(&["tasks", "ls"]).stdout,
+        before,
+        "the container changed"
+    );
+    let (now, start) = s.holder_digests();
+    assert_eq!(now, start);
+    remove(&c, "twice");
+}
