@@ -303,3 +303,38 @@ fn a_full_store_disk_fails_cleanly_and_the_container_keeps_running() {
     std::thread::sleep(Duration::from_millis(200));
     assert!(counter_is_consecutive(&c.rootfs, before + 2) > before);
 }
+
+#[test]
+fn an_old_criu_is_refused_by_name_before_anything_is_touched() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = tmp.path().join("criu");
+    std::fs::write(&fake, "#!/bin/sh\necho 'Version: 4.1.1'\n").unwrap();
+    common::sh(tmp.path(), "chmod 755 criu");
+    let mut runc = criu_bridge::runc::Runc::new(tmp.path().join("runc-root"));
+    runc.criu = fake;
+    let store = Store::new(tmp.path().join("store"));
+    let lowers: Vec<PathBuf> = Vec::new();
+    let req = CheckpointRequest {
+        runc: &runc,
+        store: &store,
+        namespace: "default",
+        id: "nothing",
+        bundle: tmp.path(),
+        upper_dir: tmp.path(),
+        image_lowers: &lowers,
+        parent: None,
+        leave_running: true,
+        criu: CriuOptions::default(),
+    };
+    let err = checkpoint_container(&req).unwrap_err();
+    assert!(matches!(err, CheckpointError::Criu(_)), "{err}");
+    assert!(
+        err.to_string().contains("4.1.1") && err.to_string().contains(">= 4.2"),
+        "{err}"
+    );
+    assert!(!store.root().exists(), "the gate must come first");
+    // The installed one passes.
+    let v = criu_bridge::criu::check_criu(&common::which("criu"))
+        .expect("installed CRIU must be >= 4.2");
+    eprintln!("installed CRIU {v}");
+}
