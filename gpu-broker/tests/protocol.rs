@@ -179,3 +179,69 @@ fn restarted_broker_refuses_a_hello_for_the_old_instance() {
     assert!(err.is_broker_restart(), "{err:?}");
     assert!(err.to_string().contains("broker restarted"), "{err}");
 }
+
+/// A real primary process (a few lines of Python speaking the wire format) is SIGKILLed: the
+/// broker confirms the death via its pidfd, frees its pages, promotes the shadow exactly once
+/// (no second fence when the socket hang-up and the pidfd fire together), and the promoted
+/// shadow keeps its lease.
+#[test]
+fn sigkilled_primary_process_is_confirmed_dead_and_the_shadow_keeps_its_lease() {
+    const PRIMARY: &str = r#"
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.connect(sys.argv[1])
+for frame in sys.argv[2:]:
+    s.send(bytes.fromhex(frame))
+    s.recv(65536)
+print('{"event": "granted"}', flush=True)
+time.sleep(600)
+"#;
+    let hex = |m: &Msg| {
+        wire::encode(m)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let d = Dir::new("pykill");
+    let _b = broker(&d.0, &["--kv-mib", "1"]);
+    let total = (1 << 20) / PAGE as u32; // --kv-mib 1, created at the first grant
+    for round in 1..=4u32 {
+        let args = vec![
+            "-c".to_string(),
+            PRIMARY.to_string(),
+            sock(&d.0).display().to_string(),
+            hex(&Msg::Hello {
+                role: Role::Primary,
+                known_instance: 0,
+            }),
+            hex(&Msg::Acquire {
+                page_bytes: PAGE,
+                pages: 8,
+            }),
+        ];
+        let mut p = Proc::spawn("python3", &args, d.0.join(format!("py-{round}.err")));
+        p.wait_event("granted", Duration::from_secs(30));
+        let path = sock(&d.0);
+        let shadow = std::thread::spawn(move || {
+            let s = Client::connect(&path, Role::Shadow, 0).unwrap();
+            let g = s.acquire(PAGE, 8).unwrap();
+            (s, g)
+        });
+        while status(&d.0).shadows_waiting == 0 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        p.signal(libc::SIGKILL);
+        let (s, g) = shadow.join().unwrap();
+        assert!(g.takeover);
+        // Longer than the broker's confirmation wait: a spurious second fence would land here.
+        std::thread::sleep(Duration::from_millis(700));
+        s.heartbeat()
+            .unwrap_or_else(|e| panic!("round {round}: promoted shadow lost its lease: {e}"));
+        let st = status(&d.0);
+        assert_eq!(st.takeovers, round);
+        assert_eq!(st.primary_pid, s.pid);
+        // The dead primary's pages went back to the pool (only the shadow's 8 are out).
+        assert_eq!(st.kv_free_pages, total - 8);
+        s.release().unwrap();
+    }
+}
