@@ -197,3 +197,64 @@ fn chain_of_three_and_four_forks() {
     }
     remove(&c, "chain");
 }
+
+#[test]
+fn containerd_checkpoint_carries_processes_and_filesystem() {
+    let c = Containerd::start(Flavor::V2);
+    run_detached(
+        &c,
+        BELAYER,
+        "viactr",
+        &[
+            "sh",
+            "-c",
+            "mkdir -p /work; i=0; while true; do i=$((i+1)); echo $i >> /work/counter; sleep 0.01; done",
+        ],
+    );
+    let s = Sandbox::attach(&c, "viactr");
+    assert_eq!(
+        s.exec("echo kept > /marker && mkdir -p /d && echo x > /d/f", None)
+            .code,
+        0
+    );
+    // `ctr task checkpoint` makes a containerd checkpoint image from the shim's export.
+    let out = c.ctr(&["tasks", "checkpoint", "viactr"]).ok();
+    assert!(out.stdout.contains("checkpoint/viactr"), "{out:?}");
+    c.ctr(&[
+        "containers",
+        "checkpoint",
+        "--task",
+        "viactr",
+        "belayer.local/cp:1",
+    ])
+    .ok();
+    // Later changes must not leak into the restored container.
+    assert_eq!(
+        s.exec("rm -rf /marker /d && echo later > /later", None)
+            .code,
+        0
+    );
+    c.ctr(&[
+        "containers",
+        "restore",
+        "--live",
+        "fromctr",
+        "belayer.local/cp:1",
+    ])
+    .ok();
+    assert_eq!(task_status(&c, "fromctr"), "RUNNING");
+    let r = Sandbox::attach(&c, "fromctr");
+    assert_eq!(
+        r.exec("cat /marker /d/f; test -e /later || echo no-later", None)
+            .stdout,
+        "kept\nx\nno-later\n"
+    );
+    let first = r.counter();
+    assert!(
+        is_contiguous(&first),
+        "counter file and process disagree after a containerd restore: {:?}",
+        &first[first.len().saturating_sub(8)..]
+    );
+    remove(&c, "fromctr");
+    remove(&c, "viactr");
+}

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod container;
 pub mod control;
 pub mod error;
+pub mod export;
 pub mod netns;
 pub mod process;
 pub mod reaper;

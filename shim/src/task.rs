@@ -10,11 +10,11 @@ use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::asynchronous::publisher::RemotePublisher;
 use containerd_shim::protos::api::DeleteResponse;
 use containerd_shim::protos::api::{
-    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse,
-    DeleteRequest, Empty, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest, PidsResponse,
-    ProcessInfo, ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest, StartResponse,
-    StateRequest, StateResponse, StatsRequest, StatsResponse, Status, UpdateTaskRequest,
-    WaitRequest, WaitResponse,
+    CheckpointTaskRequest, CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest,
+    CreateTaskResponse, DeleteRequest, Empty, ExecProcessRequest, KillRequest, PauseRequest,
+    PidsRequest, PidsResponse, ProcessInfo, ResizePtyRequest, ResumeRequest, ShutdownRequest,
+    StartRequest, StartResponse, StateRequest, StateResponse, StatsRequest, StatsResponse, Status,
+    UpdateTaskRequest, WaitRequest, WaitResponse,
 };
 use containerd_shim::protos::events::task::{
     TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskIO, TaskPaused,
@@ -160,7 +160,10 @@ impl Inner {
             stderr: req.stderr.clone(),
             terminal: req.terminal,
         };
-        let restore = restore_options(&bundle)?;
+        let restore = match req.checkpoint.as_str() {
+            "" => restore_options(&bundle)?,
+            path => Some(self.import_checkpoint(path).await?),
+        };
         let mut c = Container::new(&req.id, bundle.clone(), Process::new("", paths.clone()));
         c.mounted_rootfs = crate::rootfs::mount(&bundle, &req.rootfs).await?;
         let pid = match &restore {
@@ -624,6 +627,18 @@ impl containerd_shim::Task for TaskService {
 
     async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> TtrpcResult<StatsResponse> {
         Ok(self.0.stats(&req.id).await?)
+    }
+
+    async fn checkpoint(
+        &self,
+        _ctx: &TtrpcContext,
+        req: CheckpointTaskRequest,
+    ) -> TtrpcResult<Empty> {
+        let options = req.options.as_ref().map(|o| o.value.as_slice());
+        self.0
+            .checkpoint_for_containerd(&req.id, &req.path, options)
+            .await?;
+        Ok(Empty::new())
     }
 
     async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> TtrpcResult<Empty> {
