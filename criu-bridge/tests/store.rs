@@ -13,7 +13,12 @@ use criu_bridge::store::{
 };
 use criu_bridge::{Checkpoint, Store};
 
-fn manifest(seq: u64, parent: Option<&Checkpoint>, lower: &Path) -> Manifest {
+fn manifest(
+    container: &str,
+    seq: u64,
+    parent: Option<&Checkpoint>,
+    lowers: &[PathBuf],
+) -> Manifest {
     let mut chain = vec![seq];
     if let Some(p) = parent {
         chain.extend(&p.manifest.fs_chain);
@@ -21,12 +26,12 @@ fn manifest(seq: u64, parent: Option<&Checkpoint>, lower: &Path) -> Manifest {
     Manifest {
         format_version: FORMAT_VERSION,
         namespace: "default".into(),
-        container: "c1".into(),
+        container: container.into(),
         seq,
         parent: parent.map(|p| p.manifest.seq),
         created_unix_ms: 0,
         spec_digest: "sha256:test".into(),
-        image_lowers: vec![lower.to_path_buf()],
+        image_lowers: lowers.to_vec(),
         fs_chain: chain,
         criu_dir: "criu".into(),
         fs_dir: "fs".into(),
@@ -47,7 +52,17 @@ fn fake_checkpoint(
     lower: &Path,
     parent: Option<&Checkpoint>,
 ) -> Result<Checkpoint, StoreError> {
-    let lock = store.lock("default", "c1")?;
+    fake_checkpoint_of(store, "c1", upper, &[lower.to_path_buf()], parent)
+}
+
+fn fake_checkpoint_of(
+    store: &Store,
+    container: &str,
+    upper: &Path,
+    lowers: &[PathBuf],
+    parent: Option<&Checkpoint>,
+) -> Result<Checkpoint, StoreError> {
+    let lock = store.lock("default", container)?;
     let pending = store.begin(&lock)?;
     fs::write(pending.criu_dir().join("pages-1.img"), vec![7u8; 100_000]).unwrap();
     fs::write(pending.criu_dir().join("core-1.img"), b"core").unwrap();
@@ -58,7 +73,7 @@ fn fake_checkpoint(
             e => panic!("{e}"),
         })?;
     pending.write_index(&index)?;
-    let mut m = manifest(pending.seq(), parent, lower);
+    let mut m = manifest(container, pending.seq(), parent, lowers);
     m.capture = capture;
     pending.commit(m)
 }
@@ -98,6 +113,11 @@ fn written_checkpoints_verify_and_are_private() {
     let cp = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
     assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
     verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap();
+    assert!(
+        cp.dir.with_file_name(".verified-1").is_file(),
+        "no verification stamp written"
+    );
+    verify_checkpoint(&e.store, &cp, VerifyLevel::Stamped).unwrap();
     use std::os::unix::fs::PermissionsExt;
     for d in [
         e.store.root().join("checkpoints"),
@@ -126,6 +146,11 @@ fn a_corrupt_byte_names_the_file() {
     bytes[5000] ^= 1;
     fs::write(&victim, bytes).unwrap();
     verify_checkpoint(&e.store, &cp, VerifyLevel::Sizes).unwrap();
+    let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Stamped).unwrap_err();
+    assert!(
+        matches!(&err, VerifyError::Corrupt { file, .. } if *file == victim),
+        "stamped: {err}"
+    );
     let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Full).unwrap_err();
     assert!(
         matches!(&err, VerifyError::Corrupt { file, .. } if *file == victim),
@@ -318,4 +343,50 @@ fn bad_names_are_refused() {
             "{bad:?}"
         );
     }
+}
+
+#[test]
+fn a_fork_keeps_its_source_layers_until_compacted() {
+    let e = env();
+    sh(&e.merged, "echo 1 > a; mkdir d; echo x > d/x");
+    let c1 = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    // Fork: a fresh upper over c1's rootfs; its first checkpoint stacks on c1's chain.
+    let lowers = criu_bridge::rootfs_lowers(&e.store, &c1).unwrap();
+    let (g, fork_upper, fork_merged) = common::mount_fresh(e._tmp.path(), "fork", &lowers);
+    sh(&fork_merged, "echo f > fork-only; rm d/x; echo 2 >> a");
+    let expected = criu_bridge::tree::snapshot_tree(&fork_merged).unwrap();
+    let f1 = fake_checkpoint_of(&e.store, "f1", &fork_upper, &lowers, None).unwrap();
+    drop(g);
+    assert_eq!(f1.manifest.image_lowers, lowers);
+
+    let err = e.store.delete("default", "c1", 1).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::UsedAsLower { seq: 1, by } if *by == f1.dir),
+        "{err}"
+    );
+    let f1 = e.store.compact("default", "f1", 1).unwrap();
+    assert_eq!(f1.manifest.image_lowers, [e.lower.clone()]);
+    e.store.delete("default", "c1", 1).unwrap();
+    assert!(
+        !c1.dir.with_file_name(".verified-1").exists(),
+        "stamp left behind"
+    );
+
+    verify_checkpoint(&e.store, &f1, VerifyLevel::Stamped).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("m");
+    criu_bridge::mount_rootfs(
+        &e.store,
+        &f1,
+        &tmp.path().join("u"),
+        &tmp.path().join("w"),
+        &target,
+    )
+    .unwrap();
+    let _g = MountGuard(target.clone());
+    let diff = criu_bridge::tree::diff_trees(
+        &expected,
+        &criu_bridge::tree::snapshot_tree(&target).unwrap(),
+    );
+    assert!(diff.is_empty(), "{diff:#?}");
 }

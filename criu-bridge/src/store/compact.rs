@@ -28,7 +28,8 @@ pub enum CompactCheckpointError {
 
 impl Store {
     /// Rewrites checkpoint `seq` so that its `fs/` holds its whole chain merged (its `fs_chain`
-    /// becomes `[seq]`). The old dir is swapped out atomically (`RENAME_EXCHANGE`).
+    /// becomes `[seq]`), together with any layers of this store it has among its image lowers
+    /// (a fork's). The old dir is swapped out atomically (`RENAME_EXCHANGE`).
     pub fn compact(
         &self,
         namespace: &str,
@@ -37,7 +38,12 @@ impl Store {
     ) -> Result<Checkpoint, CompactCheckpointError> {
         let _lock = self.lock(namespace, container)?;
         let cp = self.load(namespace, container, seq)?;
-        if cp.manifest.fs_chain.len() <= 1 {
+        let borrows = cp
+            .manifest
+            .image_lowers
+            .iter()
+            .any(|l| self.is_store_layer(l));
+        if cp.manifest.fs_chain.len() <= 1 && !borrows {
             return Ok(cp);
         }
         let tmp = cp.dir.with_file_name(format!("{TMP_PREFIX}compact-{seq}"));
@@ -49,6 +55,7 @@ impl Store {
             crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
         }
         drop(guard); // removes the old dir, now at `tmp`
+        super::verify::write_stamp(&cp.dir);
         tracing::info!(container, seq, "fs chain compacted");
         Ok(Checkpoint {
             dir: cp.dir,
@@ -90,6 +97,12 @@ impl Store {
         })
     }
 
+    /// Is `dir` the fs layer of a checkpoint in this store?
+    fn is_store_layer(&self, dir: &Path) -> bool {
+        dir.starts_with(self.root().join("checkpoints"))
+            && dir.file_name().is_some_and(|n| n == FS_DIR)
+    }
+
     /// Writes `cp` with its chain merged into the new dir `out` (files other than the layer are
     /// hardlinked, or copied across filesystems) and returns the new manifest.
     fn write_standalone(
@@ -98,7 +111,14 @@ impl Store {
         out: &Path,
     ) -> Result<Manifest, CompactCheckpointError> {
         let m = &cp.manifest;
-        let mut layers: Vec<PathBuf> = Vec::new();
+        // Layers of this store among the image lowers (a fork stacks on the chain it was forked
+        // from) are folded in too, so the result depends on no other checkpoint.
+        let (borrowed, image_lowers): (Vec<PathBuf>, Vec<PathBuf>) = m
+            .image_lowers
+            .iter()
+            .cloned()
+            .partition(|l| self.is_store_layer(l));
+        let mut layers: Vec<PathBuf> = borrowed.into_iter().rev().collect();
         for &s in m.fs_chain.iter().rev() {
             layers.push(if s == m.seq {
                 cp.fs_dir()
@@ -121,10 +141,11 @@ impl Store {
             };
             r.map_err(|e| StoreError::io("link", &dst, e))?;
         }
-        compact_layers(&layers, &m.image_lowers, &out.join(FS_DIR))
+        compact_layers(&layers, &image_lowers, &out.join(FS_DIR))
             .map_err(|source| CompactCheckpointError::Merge { seq: m.seq, source })?;
         let mut manifest = m.clone();
         manifest.fs_chain = vec![m.seq];
+        manifest.image_lowers = image_lowers;
         let files = record(out, true).map_err(|(p, e)| StoreError::io("record", &p, e))?;
         manifest.sizes.fs_bytes = files
             .iter()

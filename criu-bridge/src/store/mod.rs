@@ -27,7 +27,7 @@ pub const DEFAULT_ROOT: &str = "/var/lib/belayer";
 /// Prefix of in-progress (temporary) checkpoint dirs; never listed.
 pub(crate) const TMP_PREFIX: &str = ".tmp-";
 /// Name of the per-container lock file.
-const LOCK_FILE: &str = ".lock";
+pub(crate) const LOCK_FILE: &str = ".lock";
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +73,16 @@ pub enum StoreError {
         seq: u64,
         /// The checkpoint that needs it.
         needed_by: u64,
+    },
+    /// A checkpoint (of another container: a fork) mounts this one's layer as a lower dir.
+    #[error(
+        "checkpoint {seq} is a lower layer of checkpoint {by}; delete or compact that one first"
+    )]
+    UsedAsLower {
+        /// The checkpoint to delete.
+        seq: u64,
+        /// The checkpoint dir that needs it.
+        by: PathBuf,
     },
     /// A manifest is unreadable.
     #[error(transparent)]
@@ -343,9 +353,41 @@ impl Store {
                 });
             }
         }
+        if let Some(user) = self.lower_user(&cp.fs_dir())? {
+            return Err(StoreError::UsedAsLower { seq, by: user });
+        }
         // Rename first so a crash never leaves a half-deleted checkpoint listed.
         let doomed = cp.dir.with_file_name(format!("{TMP_PREFIX}deleted-{seq}"));
         fs::rename(&cp.dir, &doomed).map_err(|e| StoreError::io("rename", &cp.dir, e))?;
-        fs::remove_dir_all(&doomed).map_err(|e| StoreError::io("remove", &doomed, e))
+        fs::remove_dir_all(&doomed).map_err(|e| StoreError::io("remove", &doomed, e))?;
+        let _ = fs::remove_file(verify::stamp_path(&cp.dir));
+        Ok(())
+    }
+
+    /// A checkpoint of any container that mounts `layer` as an image lower dir (a fork's first
+    /// checkpoints stack on the chain of the checkpoint it was forked from).
+    fn lower_user(&self, layer: &Path) -> Result<Option<PathBuf>, StoreError> {
+        let top = self.root.join("checkpoints");
+        let read = |d: &Path| -> Vec<PathBuf> {
+            fs::read_dir(d)
+                .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+                .unwrap_or_default()
+        };
+        for ns in read(&top) {
+            for container in read(&ns) {
+                for dir in read(&container) {
+                    let manifest = dir.join(MANIFEST_FILE);
+                    if !manifest.is_file() {
+                        continue;
+                    }
+                    if let Ok(m) = Manifest::read(&manifest)
+                        && m.image_lowers.iter().any(|l| l == layer)
+                    {
+                        return Ok(Some(dir));
+                    }
+                }
+            }
+        }
+        Ok(None)
     }
 }

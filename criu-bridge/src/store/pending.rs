@@ -104,6 +104,7 @@ impl PendingCheckpoint {
         fs::rename(&self.tmp, &self.final_dir)
             .map_err(|e| StoreError::io("rename", &self.final_dir, e))?;
         self.committed = true;
+        super::verify::write_stamp(&self.final_dir);
         let parent = self.final_dir.parent().unwrap_or(Path::new("/"));
         crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
         tracing::info!(dir = %self.final_dir.display(), bytes = manifest.sizes.total_bytes, "checkpoint written");

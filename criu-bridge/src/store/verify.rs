@@ -2,7 +2,7 @@
 //! extra, wrong kind, wrong size, wrong sha256), for the checkpoint and its whole fs chain.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::files::record;
 use super::manifest::{FileEntry, FormatError};
@@ -15,6 +15,11 @@ pub enum VerifyLevel {
     Full,
     /// Every node present with its kind and size; no hashing (fast, catches truncation only).
     Sizes,
+    /// Every node present with its kind and size; a file is hashed unless its inode, ctime and
+    /// size equal those stamped when its sha256 last matched (at write time, or a previous
+    /// verification). Any write to a file moves its ctime, so a modified file is always hashed;
+    /// only corruption below the page cache (bit rot) goes unnoticed — use `Full` for that.
+    Stamped,
 }
 
 /// Why a checkpoint failed verification.
@@ -90,11 +95,22 @@ pub fn verify_dir(cp: &Checkpoint, level: VerifyLevel) -> Result<(), VerifyError
 
 /// Verifies the nodes of `cp` whose path starts with `prefix` ("" for all).
 fn verify_part(cp: &Checkpoint, level: VerifyLevel, prefix: &str) -> Result<(), VerifyError> {
-    let found = if level == VerifyLevel::Full {
-        record(&cp.dir, false).map_err(|(path, source)| VerifyError::Read { path, source })?
+    let (found, keys): (Vec<FileEntry>, BTreeMap<String, StampKey>) = if level == VerifyLevel::Full
+    {
+        let all =
+            record(&cp.dir, false).map_err(|(path, source)| VerifyError::Read { path, source })?;
+        (all, BTreeMap::new())
     } else {
-        record_sizes(cp)?
+        let all = stat_all(&cp.dir)?;
+        let keys = all.iter().map(|(e, k)| (e.path.clone(), *k)).collect();
+        (all.into_iter().map(|(e, _)| e).collect(), keys)
     };
+    let mut stamp = if level == VerifyLevel::Stamped {
+        read_stamp(&cp.dir)
+    } else {
+        Stamp::default()
+    };
+    let mut stamp_changed = false;
     let found: BTreeMap<&str, &FileEntry> = found
         .iter()
         .filter(|e| e.path.starts_with(prefix))
@@ -122,13 +138,38 @@ fn verify_part(cp: &Checkpoint, level: VerifyLevel, prefix: &str) -> Result<(), 
                 found_size: got.size,
             });
         }
-        if level == VerifyLevel::Full && got.sha256 != want.sha256 {
+        let mut got_sha = got.sha256.clone();
+        if level == VerifyLevel::Stamped && want.kind == 'f' {
+            let key = keys.get(&want.path).copied();
+            if key.is_none() || stamp.files.get(&want.path).copied() != key {
+                let path = file(&want.path);
+                let (_, digest) = super::files::hash_and_sync(&path, false).map_err(|source| {
+                    VerifyError::Read {
+                        path: path.clone(),
+                        source,
+                    }
+                })?;
+                if Some(&digest) == want.sha256.as_ref()
+                    && let Some(k) = key
+                {
+                    stamp.files.insert(want.path.clone(), k);
+                    stamp_changed = true;
+                }
+                got_sha = Some(digest);
+            } else {
+                got_sha = want.sha256.clone();
+            }
+        }
+        if level != VerifyLevel::Sizes && got_sha != want.sha256 {
             return Err(VerifyError::Corrupt {
                 file: file(&want.path),
                 expected: want.sha256.clone().unwrap_or_default(),
-                found: got.sha256.clone().unwrap_or_default(),
+                found: got_sha.unwrap_or_default(),
             });
         }
+    }
+    if stamp_changed {
+        write_stamp_file(&cp.dir, &stamp);
     }
     if found.len() != wanted.len() {
         let known: std::collections::HashSet<&str> =
@@ -140,38 +181,104 @@ fn verify_part(cp: &Checkpoint, level: VerifyLevel, prefix: &str) -> Result<(), 
     Ok(())
 }
 
-fn record_sizes(cp: &Checkpoint) -> Result<Vec<FileEntry>, VerifyError> {
-    // Same walk without hashing: stat every recorded path and look for extras.
+/// (inode, ctime seconds, ctime nanoseconds, size): any write to a file changes it.
+type StampKey = (u64, i64, i64, u64);
+
+/// Per file, the [`StampKey`] at which its sha256 last matched the manifest.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Stamp {
+    files: BTreeMap<String, StampKey>,
+}
+
+/// The stamp of checkpoint dir `dir`: a sibling `.verified-<name>` (never inside the checkpoint,
+/// never listed).
+pub(crate) fn stamp_path(dir: &Path) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir.with_file_name(format!(".verified-{name}"))
+}
+
+fn read_stamp(dir: &Path) -> Stamp {
+    std::fs::read(stamp_path(dir))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
+fn write_stamp_file(dir: &Path, stamp: &Stamp) {
+    // Only inside a store (its container dirs hold `.lock`): no litter beside exported copies.
+    if !dir.with_file_name(super::LOCK_FILE).exists() {
+        return;
+    }
+    let path = stamp_path(dir);
+    let tmp = path.with_extension("tmp");
+    let bytes = serde_json::to_vec(stamp).expect("a stamp always serializes");
+    if std::fs::write(&tmp, bytes)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .is_err()
+    {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// Stamps every file of `dir` as verified now (right after it was hashed and written).
+pub(crate) fn write_stamp(dir: &Path) {
+    if let Ok(all) = stat_all(dir) {
+        let files = all
+            .into_iter()
+            .filter(|(e, _)| e.kind == 'f')
+            .map(|(e, k)| (e.path, k))
+            .collect();
+        write_stamp_file(dir, &Stamp { files });
+    }
+}
+
+/// Every node under `dir` (except the manifest) with its kind, size and stamp key; no hashing.
+fn stat_all(root: &Path) -> Result<Vec<(FileEntry, StampKey)>, VerifyError> {
+    use std::os::unix::fs::MetadataExt;
     let mut all = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
-        let dir = cp.dir.join(&rel);
-        let rd = std::fs::read_dir(&dir).map_err(|source| VerifyError::Read {
+        let dir = root.join(&rel);
+        let read_err = |source| VerifyError::Read {
             path: dir.clone(),
             source,
-        })?;
-        for e in rd {
-            let e = e.map_err(|source| VerifyError::Read {
-                path: dir.clone(),
-                source,
-            })?;
+        };
+        for e in std::fs::read_dir(&dir).map_err(read_err)? {
+            let e = e.map_err(read_err)?;
             let child = rel.join(e.file_name());
             if rel.as_os_str().is_empty() && e.file_name() == super::manifest::MANIFEST_FILE {
                 continue;
             }
-            let m = std::fs::symlink_metadata(cp.dir.join(&child)).map_err(|source| {
-                VerifyError::Read {
-                    path: cp.dir.join(&child),
-                    source,
-                }
+            let path = root.join(&child);
+            let m = std::fs::symlink_metadata(&path).map_err(|source| VerifyError::Read {
+                path: path.clone(),
+                source,
             })?;
             let kind = kind_of(&m);
-            all.push(FileEntry {
-                path: crate::layer::encode_path(&child),
-                kind,
-                size: if kind == 'f' { m.len() } else { 0 },
-                sha256: None,
-            });
+            let size = if kind == 'f' { m.len() } else { 0 };
+            let sha256 = if kind == 'l' {
+                let t = std::fs::read_link(&path).map_err(|source| VerifyError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                Some(crate::tree::hex(&<sha2::Sha256 as sha2::Digest>::digest(
+                    std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str()),
+                )))
+            } else {
+                None
+            };
+            all.push((
+                FileEntry {
+                    path: crate::layer::encode_path(&child),
+                    kind,
+                    size,
+                    sha256,
+                },
+                (m.ino(), m.ctime(), m.ctime_nsec(), m.size()),
+            ));
             if kind == 'd' {
                 stack.push(child);
             }
