@@ -3,9 +3,8 @@
 //! every token, and on promotion rebuilds in-flight requests from the log.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::json;
 use thiserror::Error;
 
 use crate::client::{Client, ClientError, RegionFd};
@@ -18,11 +17,12 @@ pub mod engine;
 pub mod events;
 pub mod jobs;
 pub mod measure;
+mod run;
 pub mod weights;
 
-use engine::{Engine, Req};
-use events::emit;
-use jobs::{JobSpec, Results};
+pub use run::run;
+
+use jobs::JobSpec;
 use weights::MappedWeights;
 
 /// Default location of the reference model.
@@ -171,197 +171,4 @@ fn broker_err(client: &Client, opts: &Options, e: ClientError) -> WorkerError {
         return WorkerError::BrokerRestarted(last);
     }
     WorkerError::Client(e)
-}
-
-/// Runs a worker to completion. Returns the results it wrote.
-pub fn run(opts: &Options) -> Result<Results, WorkerError> {
-    let client = Client::connect(&opts.socket, opts.role, 0).map_err(WorkerError::Client)?;
-    emit(
-        "attached",
-        json!({ "role": format!("{:?}", opts.role), "instance": format!("{:016x}", client.instance) }),
-    );
-    let threads = opts.threads.max(1);
-
-    // Shadow: map published weights read-only and warm up now, then wait for promotion.
-    let mut weights: Option<MappedWeights> = None;
-    if opts.role == Role::Shadow {
-        loop {
-            let regions = client
-                .manifest()
-                .map_err(|e| broker_err(&client, opts, e))?;
-            if let Some(r) = weights::published(&regions) {
-                let w = MappedWeights::map(r)?;
-                let model = Llama::new(&w.layout, w.floats(), threads)
-                    .map_err(|e| WorkerError::Protocol(e.to_string()))?;
-                let geom = geom_of(&w);
-                let mut local = vec![0f32; geom.page_floats()];
-                warm_up(
-                    &model,
-                    &mut KvArena {
-                        data: &mut local,
-                        geom,
-                    },
-                    0,
-                );
-                drop(model);
-                weights = Some(w);
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        emit("shadow_ready", json!({}));
-    }
-
-    let (page_bytes, mut gguf) = page_bytes_of(weights.as_ref(), &opts.model)?;
-    let grant = client
-        .acquire(page_bytes, pages_wanted(&opts.jobs))
-        .map_err(|e| broker_err(&client, opts, e))?;
-    let t_grant = Instant::now();
-    emit(
-        "granted",
-        json!({ "epoch": grant.epoch, "takeover": grant.takeover, "weights_ok": grant.weights_ok }),
-    );
-    let _hb = client.start_heartbeat(Duration::from_millis(u64::from(grant.lease_ms / 4).max(20)));
-
-    let mut regions = client
-        .manifest()
-        .map_err(|e| broker_err(&client, opts, e))?;
-    let reuse = grant.weights_ok
-        && weights::published(&regions).is_some_and(|r| {
-            weights
-                .as_ref()
-                .is_none_or(|w| w.checksum == r.info.checksum)
-        });
-    let mut cold = false;
-    let w = match (reuse, weights.take()) {
-        (true, Some(w)) => w,
-        (true, None) => MappedWeights::map(
-            weights::published(&regions)
-                .ok_or_else(|| WorkerError::Protocol("weights vanished".into()))?,
-        )?,
-        (false, _) => {
-            let (w, s) = weights::cold_load(&client, &opts.model, gguf.take(), threads).map_err(
-                |e| match e {
-                    WorkerError::Client(c) => broker_err(&client, opts, c),
-                    e => e,
-                },
-            )?;
-            cold = true;
-            emit("cold_load", json!({ "seconds": s }));
-            regions = client
-                .manifest()
-                .map_err(|e| broker_err(&client, opts, e))?;
-            w
-        }
-    };
-    let model = Llama::new(&w.layout, w.floats(), threads)
-        .map_err(|e| WorkerError::Protocol(e.to_string()))?;
-    let geom = geom_of(&w);
-    let mut kv_map = map_kv(&regions, geom)?;
-    let mut engine = Engine::new(geom, &grant.pages);
-    let scratch = engine
-        .take_page()
-        .ok_or_else(|| WorkerError::Protocol("empty grant".into()))?;
-    if opts.role == Role::Primary || cold {
-        warm_up(
-            &model,
-            &mut KvArena {
-                data: kv_view(&mut kv_map),
-                geom,
-            },
-            scratch,
-        );
-    }
-
-    // The log is the source of truth; admission is idempotent, so a successor re-admits safely.
-    let jobs = opts.jobs.jobs(w.layout.config.vocab);
-    for j in &jobs {
-        let rng = engine::initial_rng(&j.params, j.id);
-        client
-            .admit(j.id, j.params, rng, j.prompt.clone())
-            .map_err(|e| broker_err(&client, opts, e))?;
-    }
-    let ids = client.log_ids().map_err(|e| broker_err(&client, opts, e))?;
-    let mut inflight_tokens = 0;
-    for (id, finished) in &ids {
-        if *finished {
-            continue;
-        }
-        let l = client
-            .log_get(*id)
-            .map_err(|e| broker_err(&client, opts, e))?;
-        let r = Req::from_log(&l);
-        inflight_tokens += r.tokens.len();
-        engine.add(r)?;
-    }
-    emit(
-        "ready",
-        json!({ "since_grant_s": t_grant.elapsed().as_secs_f64(), "cold": cold, "takeover": grant.takeover, "inflight": engine.reqs.len() }),
-    );
-
-    let mut kv = KvArena {
-        data: kv_view(&mut kv_map),
-        geom,
-    };
-    if grant.takeover {
-        let t = Instant::now();
-        let rows = engine.rebuild(&model, &mut kv);
-        emit(
-            "rebuilt",
-            json!({ "requests": engine.reqs.len(), "tokens": inflight_tokens, "rows": rows, "seconds": t.elapsed().as_secs_f64() }),
-        );
-    }
-
-    let mut steps = 0usize;
-    while !engine.done() {
-        let (entries, _) = engine.step(&model, &mut kv);
-        client
-            .commit(entries)
-            .map_err(|e| broker_err(&client, opts, e))?;
-        steps += 1;
-        if opts.scribble_after == Some(steps) {
-            let r = weights::scribble(&regions);
-            emit(
-                "scribbled",
-                json!({ "ok": r.is_ok(), "error": r.err().map(|e| format!("{e}: {:?}", std::error::Error::source(&e))) }),
-            );
-            loop {
-                std::thread::sleep(Duration::from_secs(1));
-            }
-        }
-        if opts.hang_after == Some(steps) {
-            emit("hanging", json!({ "steps": steps }));
-            // Sleep in small slices; a SIGSTOP/SIGCONT or SIGKILL comes from outside.
-            let until = Instant::now() + Duration::from_secs(600);
-            while Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(50));
-                if _hb.fenced() {
-                    break;
-                }
-            }
-            // A zombie that wakes up tries to commit and is refused (stale epoch).
-            let (entries, _) = engine.step(&model, &mut kv);
-            client
-                .commit(entries)
-                .map_err(|e| broker_err(&client, opts, e))?;
-        }
-    }
-
-    let mut results = Results {
-        requests: Vec::new(),
-    };
-    for j in &jobs {
-        let l = client
-            .log_get(j.id)
-            .map_err(|e| broker_err(&client, opts, e))?;
-        results.requests.push((j.id, l.generated));
-    }
-    if let Some(p) = &opts.out {
-        let s = serde_json::to_vec(&results).unwrap_or_default();
-        std::fs::write(p, s).map_err(|e| WorkerError::Results(p.display().to_string(), e))?;
-    }
-    drop(_hb);
-    client.release().map_err(|e| broker_err(&client, opts, e))?;
-    emit("done", json!({ "steps": steps }));
-    Ok(results)
 }
