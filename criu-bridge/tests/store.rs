@@ -365,7 +365,7 @@ fn a_fork_keeps_its_source_layers_until_compacted() {
         "{err}"
     );
     let f1 = e.store.compact("default", "f1", 1).unwrap();
-    assert_eq!(f1.manifest.image_lowers, [e.lower.clone()]);
+    assert_eq!(f1.manifest.image_lowers, std::slice::from_ref(&e.lower));
     e.store.delete("default", "c1", 1).unwrap();
     assert!(
         !c1.dir.with_file_name(".verified-1").exists(),
