@@ -338,3 +338,44 @@ fn an_old_criu_is_refused_by_name_before_anything_is_touched() {
         .expect("installed CRIU must be >= 4.2");
     eprintln!("installed CRIU {v}");
 }
+
+/// Not a check: prints checkpoint / verify / restore figures for a process holding ~100 MB.
+/// `cargo test --release -p criu-bridge --test runc_criu measure -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn measure_a_checkpoint_of_a_100_mb_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    let c = Container::start(
+        base,
+        "bl-measure",
+        "x=$(head -c 75000000 /dev/urandom | base64); echo ready > /data/ready; while :; do sleep 1; done",
+    );
+    for _ in 0..300 {
+        if c.rootfs.join("data/ready").exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        c.rootfs.join("data/ready").exists(),
+        "the process did not fill its memory"
+    );
+    common::sh(&c.rootfs, "head -c 50000000 /dev/urandom > data/blob");
+    let store = Store::new(base.join("store"));
+    let cp = checkpoint_container(&request(&c, &store, None, true)).unwrap();
+    eprintln!(
+        "checkpoint: {:?}\nsizes: {:?}\ncriu: {:?}",
+        cp.manifest.timings, cp.manifest.sizes, cp.manifest.criu_stats
+    );
+    for level in [VerifyLevel::Full, VerifyLevel::Stamped, VerifyLevel::Sizes] {
+        let t = std::time::Instant::now();
+        criu_bridge::verify(&store, &cp, level).unwrap();
+        eprintln!("verify {level:?}: {:?}", t.elapsed());
+    }
+    c.kill(&c.id);
+    criu_bridge::layer::unmount(&c.rootfs).unwrap();
+    let t = std::time::Instant::now();
+    restore_as(&c, &store, &cp, &c.id, base);
+    eprintln!("verify(Full) + mount + restore: {:?}", t.elapsed());
+}

@@ -80,7 +80,7 @@ pub fn busybox_lower(lower: &Path) {
     std::fs::copy(which("busybox"), lower.join("bin/busybox")).unwrap();
     sh(
         lower,
-        "for a in sh sleep cat echo ls nc seq wc head dd rm mkdir; do ln -s busybox bin/$a; done; \
+        "for a in sh sleep cat echo ls nc seq wc head dd rm mkdir base64; do ln -s busybox bin/$a; done; \
          mkdir -p proc sys dev tmp etc data; echo root:x:0:0::/:/bin/sh > etc/passwd",
     );
 }
