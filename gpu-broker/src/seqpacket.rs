@@ -72,6 +72,17 @@ impl Listener {
             None,
         )
         .map_err(sys("socket", &p))?;
+        // A live broker on this path keeps it; only a stale socket file is replaced.
+        if Conn::connect(path).is_ok() {
+            return Err(SocketError::Sys {
+                op: "bind (another broker is listening)",
+                path: p,
+                source: Errno::EADDRINUSE,
+            });
+        }
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let _ = std::fs::remove_file(path);
         let addr = UnixAddr::new(path).map_err(sys("address", &p))?;
         socket::bind(fd.as_raw_fd(), &addr).map_err(sys("bind", &p))?;

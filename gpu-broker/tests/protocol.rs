@@ -245,3 +245,23 @@ time.sleep(600)
         s.release().unwrap();
     }
 }
+
+#[test]
+fn a_second_broker_does_not_steal_a_live_socket() {
+    let d = Dir::new("second");
+    let b = broker(&d.0, &[]);
+    let instance = status(&d.0).instance;
+    let mut second = Proc::spawn(
+        BROKER,
+        &["--socket".into(), sock(&d.0).display().to_string()],
+        d.0.join("second.err"),
+    );
+    assert_ne!(second.wait_exit(Duration::from_secs(10)), 0);
+    assert!(
+        second.stderr_text().contains("another broker is listening"),
+        "{}",
+        second.stderr_text()
+    );
+    assert_eq!(status(&d.0).instance, instance);
+    drop(b);
+}

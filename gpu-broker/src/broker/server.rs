@@ -74,6 +74,8 @@ pub fn serve(mut b: Broker, stop: &dyn Fn() -> bool) -> Result<(), ServeError> {
         }
         b.tick();
     }
+    let _ = std::fs::remove_file(&b.cfg.socket);
+    tracing::info!("broker stopped");
     Ok(())
 }
 
