@@ -243,6 +243,45 @@ fn criu_failures_concurrency_and_corruption_are_typed_and_harmless() {
     drop(held);
     assert_eq!(c.status(&c.id).as_deref(), Some("running"));
 
+    // A CRIU restore failure carries the lines of restore.log.
+    let broken = base.join("broken");
+    common::sh(
+        base,
+        &format!("cp -a {} {}", cp.dir.display(), broken.display()),
+    );
+    std::fs::remove_file(broken.join("criu/pstree.img")).unwrap();
+    let broken = criu_bridge::Checkpoint::open(&broken).unwrap();
+    let bundle = base.join("bundle-bl-broken");
+    std::fs::create_dir_all(&bundle).unwrap();
+    std::fs::copy(c.bundle.join("config.json"), bundle.join("config.json")).unwrap();
+    let rootfs = bundle.join("rootfs");
+    criu_bridge::mount_rootfs(
+        &store,
+        &cp,
+        &base.join("broken-up"),
+        &base.join("broken-wk"),
+        &rootfs,
+    )
+    .unwrap();
+    c.extra_mounts.borrow_mut().push(rootfs);
+    c.extra_ids.borrow_mut().push("bl-broken".into());
+    let work = base.join("broken-work");
+    let req = RestoreRequest {
+        runc: &c.runc,
+        checkpoint: &broken,
+        id: "bl-broken",
+        bundle: &bundle,
+        work_dir: &work,
+        detach: true,
+        pid_file: None,
+        console_socket: None,
+    };
+    let err = criu_bridge::restore_processes(&req, RestoreStdio::default()).unwrap_err();
+    let criu_bridge::RestoreError::Restore { log, .. } = &err else {
+        panic!("expected a restore error, got {err}")
+    };
+    assert!(log.lines.iter().any(|l| l.contains("pstree")), "{err}");
+
     // A corrupt image byte is caught before anything is touched.
     let img = std::fs::read_dir(cp.criu_dir())
         .unwrap()

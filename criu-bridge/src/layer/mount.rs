@@ -173,3 +173,50 @@ pub fn unmount(target: &Path) -> std::io::Result<()> {
         r => r,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_name_the_chain_newest_first() {
+        let o = overlay_options(
+            &["/s/3/fs".into(), "/s/1/fs".into(), "/img".into()],
+            Path::new("/u"),
+            Path::new("/w"),
+        )
+        .unwrap();
+        assert!(
+            o.starts_with("lowerdir=/s/3/fs:/s/1/fs:/img,upperdir=/u,workdir=/w,"),
+            "{o}"
+        );
+    }
+
+    #[test]
+    fn options_over_a_page_are_refused() {
+        let long: Vec<PathBuf> = (0..100)
+            .map(|i| format!("/var/lib/belayer/checkpoints/default/container-{i:04}/fs").into())
+            .collect();
+        let err = overlay_options(&long, Path::new("/u"), Path::new("/w")).unwrap_err();
+        assert!(
+            matches!(err, MountError::OptionsTooLong { limit, .. } if limit == sys::page_size()),
+            "{err}"
+        );
+        assert!(err.to_string().contains("compact"), "{err}");
+    }
+
+    #[test]
+    fn separators_in_paths_are_refused() {
+        for bad in ["/a:b", "/a,b", "/a\\b"] {
+            let err = overlay_options(&[bad.into()], Path::new("/u"), Path::new("/w")).unwrap_err();
+            assert!(matches!(err, MountError::BadPath(_)), "{bad}: {err}");
+        }
+        let many: Vec<PathBuf> = (0..=MAX_LOWER_DIRS)
+            .map(|i| format!("/{i}").into())
+            .collect();
+        assert!(matches!(
+            overlay_options(&many, Path::new("/u"), Path::new("/w")),
+            Err(MountError::TooManyLowers { .. })
+        ));
+    }
+}

@@ -1,0 +1,155 @@
+//! The one-instant sequence with a recording fake in place of runc and CRIU (no root needed):
+//! the order of steps, thawing after failures, paused containers left paused, exit mode.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus, Output};
+use std::sync::{Arc, Mutex};
+
+use criu_bridge::runc::{CriuOptions, Runc, Spawner};
+use criu_bridge::{CheckpointError, CheckpointRequest, Store, checkpoint_container};
+
+/// Answers like runc/CRIU would and records the verbs it was asked for.
+struct Fake {
+    status: &'static str,
+    fail_checkpoint: bool,
+    calls: Mutex<Vec<String>>,
+}
+
+impl Spawner for Fake {
+    fn output(&self, cmd: Command) -> std::io::Result<Output> {
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let ok = |stdout: &str| Output {
+            status: ExitStatus::from_raw(0),
+            stdout: stdout.into(),
+            stderr: Vec::new(),
+        };
+        if args == ["--version"] {
+            return Ok(ok("Version: 4.2.1\n"));
+        }
+        let verb = args
+            .iter()
+            .skip(4)
+            .find(|a| !a.starts_with('-'))
+            .cloned()
+            .unwrap_or_default();
+        self.calls.lock().unwrap().push(verb.clone());
+        match verb.as_str() {
+            "state" => Ok(ok(&format!(
+                r#"{{"id":"c1","pid":42,"status":"{}","bundle":"/b"}}"#,
+                self.status
+            ))),
+            "checkpoint" if self.fail_checkpoint => Ok(Output {
+                status: ExitStatus::from_raw(256),
+                stdout: Vec::new(),
+                stderr: b"criu failed: type NOTIFY errno 0".to_vec(),
+            }),
+            _ => Ok(ok("")),
+        }
+    }
+}
+
+struct Env {
+    tmp: tempfile::TempDir,
+    fake: Arc<Fake>,
+    runc: Runc,
+    store: Store,
+}
+
+fn env(status: &'static str, fail_checkpoint: bool) -> Env {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tmp.path().join("upper/etc")).unwrap();
+    std::fs::write(tmp.path().join("upper/etc/x"), "x").unwrap();
+    std::fs::write(tmp.path().join("config.json"), "{}").unwrap();
+    let fake = Arc::new(Fake {
+        status,
+        fail_checkpoint,
+        calls: Mutex::new(Vec::new()),
+    });
+    let mut runc = Runc::new(tmp.path().join("runc"));
+    runc.spawner = fake.clone();
+    let store = Store::new(tmp.path().join("store"));
+    Env {
+        tmp,
+        fake,
+        runc,
+        store,
+    }
+}
+
+fn run(e: &Env, leave_running: bool) -> Result<criu_bridge::Checkpoint, CheckpointError> {
+    let upper = e.tmp.path().join("upper");
+    checkpoint_container(&CheckpointRequest {
+        runc: &e.runc,
+        store: &e.store,
+        namespace: "default",
+        id: "c1",
+        bundle: e.tmp.path(),
+        upper_dir: &upper,
+        image_lowers: &[],
+        parent: None,
+        leave_running,
+        criu: CriuOptions::default(),
+    })
+}
+
+fn calls(e: &Env) -> Vec<String> {
+    e.fake.calls.lock().unwrap().clone()
+}
+
+#[test]
+fn running_container_is_paused_dumped_and_resumed() {
+    let e = env("running", false);
+    let cp = run(&e, true).unwrap();
+    assert_eq!(calls(&e), ["state", "pause", "checkpoint", "resume"]);
+    assert!(cp.fs_dir().join("etc/x").is_file(), "fs layer captured");
+    assert_eq!(cp.manifest.fs_chain, [1]);
+}
+
+#[test]
+fn paused_container_is_left_paused() {
+    let e = env("paused", false);
+    run(&e, true).unwrap();
+    assert_eq!(calls(&e), ["state", "checkpoint"]);
+}
+
+#[test]
+fn exit_mode_does_not_resume() {
+    let e = env("running", false);
+    let cp = run(&e, false).unwrap();
+    assert_eq!(calls(&e), ["state", "pause", "checkpoint"]);
+    assert!(!cp.manifest.leave_running);
+}
+
+#[test]
+fn failed_dump_thaws_and_leaves_nothing() {
+    let e = env("running", true);
+    let err = run(&e, true).unwrap_err();
+    assert!(matches!(err, CheckpointError::Dump { .. }), "{err}");
+    assert_eq!(calls(&e), ["state", "pause", "checkpoint", "resume"]);
+    assert!(e.store.list("default", "c1").unwrap().is_empty());
+}
+
+#[test]
+fn failed_capture_thaws_and_leaves_nothing() {
+    let e = env("running", false);
+    std::fs::remove_dir_all(e.tmp.path().join("upper")).unwrap();
+    let err = run(&e, true).unwrap_err();
+    assert!(matches!(err, CheckpointError::Capture { .. }), "{err}");
+    assert_eq!(calls(&e), ["state", "pause", "checkpoint", "resume"]);
+    // Exit mode captures before the dump, so a failed capture never kills the processes.
+    let e = env("running", false);
+    std::fs::remove_dir_all(e.tmp.path().join("upper")).unwrap();
+    run(&e, false).unwrap_err();
+    assert_eq!(calls(&e), ["state", "pause", "resume"]);
+}
+
+#[test]
+fn stopped_container_is_refused() {
+    let e = env("stopped", false);
+    let err = run(&e, true).unwrap_err();
+    assert!(matches!(err, CheckpointError::NotRunning { .. }), "{err}");
+    assert_eq!(calls(&e), ["state"]);
+}
