@@ -198,7 +198,13 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         path: spec_path.clone(),
         source,
     })?;
-    let parent_index = match req.parent {
+    // Re-read the parent under the lock: it may have been compacted (its chain shortened) since
+    // the caller loaded it.
+    let parent = match req.parent {
+        Some(p) => Some(Checkpoint::open(&p.dir).map_err(|e| CheckpointError::store(id, e))?),
+        None => None,
+    };
+    let parent_index = match &parent {
         Some(p) => Some(p.read_index().map_err(|e| CheckpointError::store(id, e))?),
         None => None,
     };
@@ -302,7 +308,7 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
     };
     let seq = pending.seq();
     let mut fs_chain = vec![seq];
-    if let Some(p) = req.parent {
+    if let Some(p) = &parent {
         fs_chain.extend(&p.manifest.fs_chain);
     }
     t.total_us = micros(start);
@@ -311,7 +317,7 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         namespace: req.namespace.into(),
         container: id.into(),
         seq,
-        parent: req.parent.map(|p| p.manifest.seq),
+        parent: parent.as_ref().map(|p| p.manifest.seq),
         created_unix_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),

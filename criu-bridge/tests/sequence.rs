@@ -153,3 +153,38 @@ fn stopped_container_is_refused() {
     assert!(matches!(err, CheckpointError::NotRunning { .. }), "{err}");
     assert_eq!(calls(&e), ["state"]);
 }
+
+#[test]
+fn a_stale_parent_is_re_read_so_the_chain_stays_whole() {
+    let e = env("running", false);
+    let upper = e.tmp.path().join("upper");
+    let req = |parent| CheckpointRequest {
+        runc: &e.runc,
+        store: &e.store,
+        namespace: "default",
+        id: "c1",
+        bundle: e.tmp.path(),
+        upper_dir: &upper,
+        image_lowers: &[],
+        parent,
+        leave_running: true,
+        criu: CriuOptions::default(),
+    };
+    let cp1 = checkpoint_container(&req(None)).unwrap();
+    std::fs::write(upper.join("etc/y"), "y").unwrap();
+    let stale = checkpoint_container(&req(Some(&cp1))).unwrap();
+    assert_eq!(stale.manifest.fs_chain, [2, 1]);
+    e.store.compact("default", "c1", 2).unwrap();
+    e.store.delete("default", "c1", 1).unwrap();
+    std::fs::write(upper.join("etc/z"), "z").unwrap();
+    let cp3 = checkpoint_container(&req(Some(&stale))).unwrap();
+    assert_eq!(
+        cp3.manifest.fs_chain,
+        [3, 2],
+        "chain built from a stale parent manifest"
+    );
+    assert!(
+        cp3.fs_dir().join("etc/z").is_file() && !cp3.fs_dir().join("etc/y").exists(),
+        "not incremental"
+    );
+}
