@@ -269,3 +269,93 @@ pub fn free_bytes(path: &Path) -> io::Result<u64> {
     check(unsafe { libc::statvfs(p.as_ptr(), &mut st) })?;
     Ok(st.f_bavail as u64 * st.f_frsize as u64)
 }
+
+const FSOPEN_CLOEXEC: libc::c_uint = 1;
+const FSCONFIG_SET_STRING: libc::c_uint = 1;
+const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+
+fn fd_result(r: libc::c_long) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a new file descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(r as libc::c_int) })
+}
+
+/// Mounts an overlay at `target` with the new mount API: one `lowerdir+` per lower dir (Linux
+/// ≥ 6.8), so neither the page-size limit of mount(2) data nor `:`/`,` escaping applies.
+/// `params` are further string options (upperdir, workdir, ...).
+pub fn mount_overlay_fsconfig(
+    target: &Path,
+    lowers: &[std::path::PathBuf],
+    params: &[(&str, &Path)],
+) -> io::Result<()> {
+    let fstype = c"overlay";
+    // SAFETY: `fstype` is NUL-terminated; fsopen takes no other pointers.
+    let fs =
+        fd_result(unsafe { libc::syscall(libc::SYS_fsopen, fstype.as_ptr(), FSOPEN_CLOEXEC) })?;
+    let set = |key: &str, value: &Path| -> io::Result<()> {
+        let k = CString::new(key).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let v = cpath(value)?;
+        // SAFETY: the fd is owned by `fs`; key and value are NUL-terminated strings.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_fsconfig,
+                fs.as_raw_fd(),
+                FSCONFIG_SET_STRING,
+                k.as_ptr(),
+                v.as_ptr(),
+                0,
+            )
+        };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    for l in lowers {
+        set("lowerdir+", l)?;
+    }
+    for (k, v) in params {
+        set(k, v)?;
+    }
+    // SAFETY: the fd is owned by `fs`; CMD_CREATE takes no key or value.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<libc::c_char>(),
+            std::ptr::null::<libc::c_void>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the fd is owned by `fs`; fsmount takes no pointers.
+    let mnt =
+        fd_result(unsafe { libc::syscall(libc::SYS_fsmount, fs.as_raw_fd(), FSMOUNT_CLOEXEC, 0) })?;
+    let t = cpath(target)?;
+    let empty = c"";
+    // SAFETY: the fd is owned by `mnt`; both paths are NUL-terminated.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mnt.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}

@@ -231,3 +231,33 @@ fn unchanged_upper_gives_an_empty_layer() {
     assert_eq!(stats.nodes_written, 1, "only the layer root: {stats:?}");
     let _keep: Option<MountGuard> = None;
 }
+
+#[test]
+fn chains_past_the_page_limit_mount_through_the_new_mount_api() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let deep = tmp
+        .path()
+        .join("a-rather-long-directory-name-like-containerd-snapshot-paths");
+    let mut lowers = Vec::new();
+    for i in (0..120).rev() {
+        let l = deep.join(format!("checkpoints/default/some-container-id/{i:04}/fs"));
+        std::fs::create_dir_all(&l).unwrap();
+        std::fs::write(l.join(format!("layer-{i}")), format!("{i}")).unwrap();
+        std::fs::write(l.join("top"), format!("{i}")).unwrap();
+        lowers.push(l);
+    }
+    let err =
+        criu_bridge::layer::overlay_options(&lowers, Path::new("/u"), Path::new("/w")).unwrap_err();
+    assert!(
+        matches!(err, criu_bridge::layer::MountError::OptionsTooLong { .. }),
+        "{err}"
+    );
+    let (_g, _upper, merged) = mount_fresh(tmp.path(), "long", &lowers);
+    assert_eq!(
+        std::fs::read_to_string(merged.join("top")).unwrap(),
+        "119",
+        "newest layer must win"
+    );
+    assert_eq!(std::fs::read_dir(&merged).unwrap().count(), 121);
+}

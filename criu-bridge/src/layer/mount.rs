@@ -119,8 +119,10 @@ fn prepare_empty(dir: &Path) -> Result<(), MountError> {
 }
 
 /// Mounts at `target` an overlay of `lowers` (newest first: the checkpoint chain, then the image
-/// lower dirs) with the empty `upper` and `work` dirs (created if missing). The fresh upper's
-/// root takes the owner and mode of the newest lower's root, so `/` looks as it did.
+/// lower dirs) with the empty `upper` and `work` dirs (created if missing). When the option
+/// string would pass the page-size limit of mount(2), the new mount API (`fsconfig`
+/// `lowerdir+`, Linux ≥ 6.8) is used instead; up to [`MAX_LOWER_DIRS`] either way. The fresh
+/// upper's root takes the owner and mode of the newest lower's root, so `/` looks as it did.
 pub fn mount_chain(
     lowers: &[PathBuf],
     upper: &Path,
@@ -128,7 +130,11 @@ pub fn mount_chain(
     target: &Path,
 ) -> Result<Duration, MountError> {
     let start = Instant::now();
-    let options = overlay_options(lowers, upper, work)?;
+    // Past the page limit of mount(2), the new mount API takes the lower dirs one by one.
+    let options = match overlay_options(lowers, upper, work) {
+        Err(MountError::OptionsTooLong { .. }) => None,
+        r => Some(r?),
+    };
     for l in lowers {
         if !l.is_dir() {
             return Err(MountError::MissingLower(l.clone()));
@@ -156,9 +162,30 @@ pub fn mount_chain(
     .map_err(prep)?;
     let mtime = (top.mtime(), top.mtime_nsec());
     sys::set_times(upper, mtime, mtime).map_err(prep)?;
-    sys::mount_overlay(target, &options).map_err(|source| MountError::Mount {
+    let result = match &options {
+        Some(o) => sys::mount_overlay(target, o),
+        None => sys::mount_overlay_fsconfig(
+            target,
+            lowers,
+            &[
+                ("upperdir", upper),
+                ("workdir", work),
+                ("redirect_dir", Path::new("off")),
+                ("metacopy", Path::new("off")),
+                ("index", Path::new("off")),
+            ],
+        ),
+    };
+    result.map_err(|source| MountError::Mount {
         target: target.into(),
-        options: options.clone(),
+        options: options.unwrap_or_else(|| {
+            format!(
+                "fsconfig: {} × lowerdir+, upperdir={}, workdir={}",
+                lowers.len(),
+                upper.display(),
+                work.display()
+            )
+        }),
         source,
     })?;
     let took = start.elapsed();
