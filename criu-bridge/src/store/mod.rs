@@ -333,6 +333,15 @@ impl Store {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         let seq = self.list(&ns, &id)?.last().map_or(1, |s| s + 1);
+        // Holding the lock, any temp dir is a crashed write's leftover.
+        if let Ok(rd) = fs::read_dir(&lock.dir) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                    tracing::info!(path = %e.path().display(), "removing left-over partial checkpoint");
+                    let _ = fs::remove_dir_all(e.path());
+                }
+            }
+        }
         PendingCheckpoint::create(&lock.dir, seq)
     }
 
