@@ -8,6 +8,9 @@
 //! | `GET /v1/containers/{id}/checkpoints/{cp}` | | [`CheckpointInfo`] |
 //! | `DELETE /v1/containers/{id}/checkpoints/{cp}` | | `{}` |
 //! | `POST /v1/containers/{id}/restore` | [`RestoreRequest`] | [`RestoreInfo`] |
+//! | `POST /v1/containers/{id}/hint` | [`HintRequest`] | `{}` |
+//! | `GET /v1/containers/{id}/status` | | [`Status`] |
+//! | `GET /v1/containers/{id}/journal` | | `[journal::Entry]` |
 //!
 //! Errors answer 400 (bad request), 404 (no such container or checkpoint), 409 (another
 //! checkpoint or restore in progress, or the container is not running), 422 (the checkpoint is
@@ -99,6 +102,8 @@ pub struct RestoreInfo {
     pub mount_ms: u64,
     pub restore_ms: u64,
     pub total_ms: u64,
+    /// Which journalled actions the environment now reflects.
+    pub position: Option<crate::auto::Position>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -111,4 +116,48 @@ pub fn parse_checkpoint_id(s: &str) -> Result<u64, String> {
     s.parse().map_err(|_| {
         format!("invalid checkpoint id {s:?}: ids are the numbers `belayer checkpoints` lists")
     })
+}
+
+/// A hint from the agent loop: `llm-start` (optionally with the expected generation time or
+/// tokens) when the model starts generating the next action, `llm-end` when it is done.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HintRequest {
+    pub hint: String,
+    #[serde(default)]
+    pub expected_ms: Option<u64>,
+    #[serde(default)]
+    pub expected_tokens: Option<u64>,
+}
+
+impl HintRequest {
+    pub fn to_hint(&self) -> Result<scheduler::Hint, crate::error::Error> {
+        use scheduler::{Expected, Hint};
+        match self.hint.as_str() {
+            "llm-start" => Ok(Hint::LlmStart {
+                expected: self
+                    .expected_ms
+                    .map(Expected::Millis)
+                    .or(self.expected_tokens.map(Expected::Tokens)),
+            }),
+            "llm-end" => Ok(Hint::LlmEnd),
+            other => Err(crate::error::Error::InvalidArgument(format!(
+                "unknown hint {other:?}: use llm-start or llm-end"
+            ))),
+        }
+    }
+}
+
+/// What `belayer status` shows.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub container: String,
+    pub namespace: String,
+    pub pid: u32,
+    pub policy: crate::auto::ContainerPolicy,
+    pub checkpoints: Vec<String>,
+    /// Actions journalled (completed ones).
+    pub actions: u64,
+    /// Where the journal stands after the last restore.
+    pub position: Option<crate::auto::Position>,
+    pub recoveries: Vec<crate::auto::Recovery>,
 }

@@ -117,7 +117,19 @@ impl Inner {
                 "container {id} is not running"
             )));
         }
-        let fs = c.fs_state()?;
+        let mut fs = c.fs_state()?;
+        // Retention may have compacted the parent since (its chain is now just itself).
+        if let Some(p) = fs
+            .parent
+            .as_ref()
+            .filter(|p| p.manifest.container == id && p.manifest.namespace == self.namespace)
+        {
+            fs.parent = Some(
+                self.settings
+                    .store()
+                    .load(&self.namespace, id, p.manifest.seq)?,
+            );
+        }
         let (runc, store, ns, cid, bundle) = (
             self.bridge_runc(),
             self.settings.store(),
@@ -151,6 +163,8 @@ impl Inner {
         if let Some(fs) = c.fs.as_mut() {
             fs.parent = Some(cp.clone());
         }
+        let position = c.journal.completed();
+        c.journal.checkpointed(cp.manifest.seq, position);
         Ok(CheckpointInfo::from(&cp))
     }
 
@@ -239,6 +253,12 @@ impl Inner {
         let store = self.settings.store();
         let took = criu_bridge::mount_rootfs(&store, cp, &upper, &work, &target)?;
         c.mounted_rootfs = Some(target);
+        c.mount_chain = if cp.manifest.container == c.id && cp.manifest.namespace == self.namespace
+        {
+            cp.manifest.fs_chain.clone()
+        } else {
+            Vec::new()
+        };
         if let Some(old) = c.owned_upper.replace(dir) {
             let _ = std::fs::remove_dir_all(old);
         }
@@ -352,7 +372,10 @@ impl Inner {
         let (pid_file, mount_ms) = self.mount_from(&mut c, &cp)?;
         let restore_at = Instant::now();
         let pid = self.restore_processes(&mut c, &cp, pid_file).await?;
+        c.killed = false;
+        let position = self.reposition(&mut c, cp.manifest.seq).await;
         let info = RestoreInfo {
+            position,
             container: id.to_string(),
             checkpoint: cp.manifest.seq.to_string(),
             pid,

@@ -31,6 +31,15 @@ pub struct Container {
     pub pending_restore: Option<criu_bridge::Checkpoint>,
     /// Belayer's own upper/work dirs of a restored rootfs, removed at delete.
     pub owned_upper: Option<PathBuf>,
+    /// The checkpoints whose layers the mounted rootfs stacks (kept while mounted).
+    pub mount_chain: Vec<u64>,
+    pub policy: crate::auto::ContainerPolicy,
+    pub journal: crate::journal::Journal,
+    /// Where the journal stands after the last restore.
+    pub position: Option<crate::auto::Position>,
+    pub recoveries: Vec<crate::auto::Recovery>,
+    /// containerd signalled init: its death is no crash to recover from.
+    pub killed: bool,
 }
 
 /// What the next checkpoint captures and stacks on.
@@ -93,8 +102,14 @@ pub async fn spawn_process(
 }
 
 impl Container {
-    pub fn new(id: &str, bundle: PathBuf, init: Process) -> Self {
+    pub fn new(id: &str, bundle: PathBuf, init: Process, journal: crate::journal::Journal) -> Self {
         Self {
+            mount_chain: Vec::new(),
+            policy: Default::default(),
+            journal,
+            position: None,
+            recoveries: Vec::new(),
+            killed: false,
             id: id.to_string(),
             bundle,
             mounted_rootfs: None,

@@ -191,6 +191,17 @@ async fn route(inner: &Arc<Inner>, id: &str, req: &Request) -> Result<serde_json
             let r: api::RestoreRequest = body(req)?;
             Ok(json(&inner.restore(id, r.checkpoint).await?))
         }
+        ("POST", ["v1", "containers", c, "hint"]) if *c == id => {
+            let r: api::HintRequest = body(req)?;
+            inner.hint(id, r.to_hint()?)?;
+            Ok(serde_json::json!({}))
+        }
+        ("GET", ["v1", "containers", c, "status"]) if *c == id => {
+            Ok(json(&inner.status(id).await?))
+        }
+        ("GET", ["v1", "containers", c, "journal"]) if *c == id => {
+            Ok(json(&inner.journal(id).await?))
+        }
         (_, ["v1", "containers", c, ..]) if *c != id => {
             Err(Error::ContainerNotFound(c.to_string()))
         }

@@ -2,6 +2,7 @@
 //! runc and serves containerd's task API.
 
 pub mod api;
+pub mod auto;
 pub mod cgroup;
 pub mod checkpoint;
 pub mod cli;
@@ -9,6 +10,7 @@ pub mod container;
 pub mod control;
 pub mod error;
 pub mod export;
+pub mod journal;
 pub mod netns;
 pub mod process;
 pub mod reaper;

@@ -19,6 +19,14 @@ pub struct Settings {
     pub criu: PathBuf,
     /// Checkpoints kept per container by automatic checkpointing (older ones are compacted away).
     pub keep: usize,
+    /// Default of the `io.belayer.checkpoint` annotation: `auto` or `off`.
+    pub checkpoint: String,
+    /// Default of the `io.belayer.recover` annotation: `auto` or `off`.
+    pub recover: String,
+    /// Default of the `io.belayer.policy` annotation after a restore: `rewind` or `replay`.
+    pub policy: String,
+    /// The checkpoint scheduler's settings (see scheduler/README.md).
+    pub scheduler: scheduler::SchedulerConfig,
 }
 
 impl Default for Settings {
@@ -27,6 +35,10 @@ impl Default for Settings {
             store: PathBuf::from(DEFAULT_STORE),
             criu: PathBuf::from("criu"),
             keep: 3,
+            checkpoint: "off".into(),
+            recover: "off".into(),
+            policy: "rewind".into(),
+            scheduler: scheduler::SchedulerConfig::default(),
         }
     }
 }
@@ -49,7 +61,17 @@ impl Settings {
     }
 
     fn parse(path: &Path, text: &str) -> Result<Self, String> {
-        toml::from_str(text).map_err(|e| format!("invalid {}: {e}", path.display()))
+        let s: Self =
+            toml::from_str(text).map_err(|e| format!("invalid {}: {e}", path.display()))?;
+        s.scheduler
+            .validate()
+            .map_err(|e| format!("invalid {}: {e}", path.display()))?;
+        Ok(s)
+    }
+
+    /// The action journals.
+    pub fn journals(&self, namespace: &str) -> PathBuf {
+        self.store.join("journal").join(namespace)
     }
 
     pub fn store(&self) -> criu_bridge::Store {

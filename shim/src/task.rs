@@ -42,6 +42,10 @@ pub struct Inner {
     pub runc: Runc,
     pub settings: crate::settings::Settings,
     containers: std::sync::Mutex<HashMap<String, Shared>>,
+    /// The node's checkpoint scheduler (per shim process).
+    pub sched: std::sync::Mutex<scheduler::NodeScheduler>,
+    /// Time origin of the scheduler's clock.
+    pub epoch: std::time::Instant,
     publisher: RemotePublisher,
     exit: Arc<ExitSignal>,
 }
@@ -61,6 +65,13 @@ impl TaskService {
         Self(Arc::new(Inner {
             namespace: namespace.to_string(),
             runc,
+            sched: std::sync::Mutex::new(
+                scheduler::NodeScheduler::new(settings.scheduler.clone()).unwrap_or_else(|_| {
+                    scheduler::NodeScheduler::new(Default::default())
+                        .expect("default scheduler config is valid")
+                }),
+            ),
+            epoch: std::time::Instant::now(),
             settings,
             containers: Default::default(),
             publisher,
@@ -114,12 +125,33 @@ impl Inner {
             if let Some(mut pio) = pio {
                 pio.drained(DRAIN_LIMIT).await;
             }
+            if exec_id.is_empty() {
+                let current = c.lock().await.init.pid == pid;
+                if current && let Some(rec) = inner.recover(&id, code as u32).await {
+                    info!(
+                        "container {id} recovered from checkpoint {}",
+                        rec.restore.checkpoint
+                    );
+                    inner
+                        .publish(
+                            crate::auto::RECOVERED_TOPIC,
+                            Box::new(TaskStart {
+                                container_id: id.clone(),
+                                pid: rec.restore.pid,
+                                ..Default::default()
+                            }),
+                        )
+                        .await;
+                    return;
+                }
+            }
             let exit = Exit {
                 status: code as u32,
                 at: process::now(),
             };
             {
-                let mut c = c.lock().await;
+                let mut guard = c.lock().await;
+                let c = &mut *guard;
                 let Ok(p) = c.process_mut(&exec_id) else {
                     return;
                 };
@@ -127,6 +159,9 @@ impl Inner {
                     return;
                 }
                 p.set_exited(exit.clone());
+                if !exec_id.is_empty() {
+                    inner.exec_exited(c, &exec_id, exit.status);
+                }
             }
             info!("container {id} process {exec_id:?} pid {pid} exited with {code}");
             inner
@@ -164,7 +199,15 @@ impl Inner {
             "" => restore_options(&bundle)?,
             path => Some(self.import_checkpoint(path).await?),
         };
-        let mut c = Container::new(&req.id, bundle.clone(), Process::new("", paths.clone()));
+        let journal =
+            crate::journal::Journal::open(self.settings.journals(&self.namespace), &req.id);
+        let mut c = Container::new(
+            &req.id,
+            bundle.clone(),
+            Process::new("", paths.clone()),
+            journal,
+        );
+        c.policy = crate::auto::ContainerPolicy::from_spec(&bundle, &self.settings);
         c.mounted_rootfs = crate::rootfs::mount(&bundle, &req.rootfs).await?;
         let pid = match &restore {
             Some(opts) => {
@@ -193,6 +236,9 @@ impl Inner {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(req.id.clone(), Arc::new(Mutex::new(c)));
+        if let Ok(c) = self.get(&req.id) {
+            self.track(&*c.lock().await);
+        }
         if let Err(e) = control {
             warn!("container {}: no control socket: {e}", req.id);
         }
@@ -270,6 +316,7 @@ impl Inner {
             )));
         };
         let paths = p.paths.clone();
+        self.exec_started(&mut c, &req.exec_id, &spec);
         std::fs::write(&spec_path, spec)
             .map_err(crate::error::io(format!("write {}", spec_path.display())))?;
         let started =
@@ -395,6 +442,7 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&req.id);
         crate::control::remove(&self.namespace, &req.id);
+        self.untrack(&req.id);
         info!("container {} deleted", req.id);
         self.publish(
             TASK_DELETE_EVENT_TOPIC,
@@ -581,7 +629,10 @@ impl containerd_shim::Task for TaskService {
 
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
         let shared = self.0.get(&req.id)?;
-        let c = shared.lock().await;
+        let mut c = shared.lock().await;
+        if req.exec_id.is_empty() {
+            c.killed = true;
+        }
         c.kill(&self.0.runc, &req.exec_id, req.signal, req.all)
             .await?;
         Ok(Empty::new())

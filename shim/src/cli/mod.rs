@@ -74,6 +74,28 @@ pub enum Command {
         container: String,
         checkpoint: String,
     },
+    /// Tell the checkpoint scheduler the model started (`llm-start`) or finished (`llm-end`)
+    /// generating the container's next action.
+    Hint {
+        container: String,
+        #[arg(value_parser = ["llm-start", "llm-end"])]
+        hint: String,
+        /// Expected generation time (with llm-start).
+        #[arg(long)]
+        expected_ms: Option<u64>,
+        /// Expected tokens to generate (with llm-start).
+        #[arg(long)]
+        expected_tokens: Option<u64>,
+    },
+    /// Show a container's Belayer state as JSON: policy, checkpoints, journal position, recoveries.
+    Status { container: String },
+    /// Print the action journal: one action a line.
+    Journal {
+        container: String,
+        /// Print JSON lines instead.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs the CLI; the error is the one line printed on stderr.
@@ -145,6 +167,54 @@ pub fn run(cli: Cli) -> Result<(), String> {
                 .map_err(|e| not_found_or(&containerd, &container, e))?;
             for id in containerd.fork(&container, seq, count)? {
                 println!("{id}");
+            }
+        }
+        Command::Hint {
+            container,
+            hint,
+            expected_ms,
+            expected_tokens,
+        } => {
+            let ctl = ctl(&container).require(&containerd)?;
+            let req = api::HintRequest {
+                hint,
+                expected_ms,
+                expected_tokens,
+            };
+            ctl.call::<serde_json::Value>("POST", "hint", Some(&req))?;
+        }
+        Command::Status { container } => {
+            let ctl = ctl(&container).require(&containerd)?;
+            let status: serde_json::Value = ctl.call("GET", "status", None::<&()>)?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&status).map_err(|e| e.to_string())?
+            );
+        }
+        Command::Journal { container, json } => {
+            let ctl = ctl(&container).require(&containerd)?;
+            let entries: Vec<crate::journal::Entry> = ctl.call("GET", "journal", None::<&()>)?;
+            for e in entries {
+                if json {
+                    println!("{}", serde_json::to_string(&e).map_err(|e| e.to_string())?);
+                } else {
+                    let code = e
+                        .exit_code
+                        .map_or("running".to_string(), |c| format!("exit={c}"));
+                    let after = e
+                        .after_checkpoint
+                        .map_or("-".to_string(), |c| c.to_string());
+                    let took = e.ended_unix_ms.map_or(String::new(), |end| {
+                        format!(" {}ms", end.saturating_sub(e.started_unix_ms))
+                    });
+                    println!(
+                        "{}\t{}\t{code}{took}\tafter-checkpoint={after}\tcwd={}\t{}",
+                        e.index,
+                        e.exec_id,
+                        e.cwd,
+                        e.args.join(" ")
+                    );
+                }
             }
         }
         Command::Rm {

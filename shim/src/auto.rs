@@ -1,0 +1,404 @@
+//! Automatic checkpoints and recovery: the shim feeds the node's checkpoint scheduler with
+//! action boundaries and hints, checkpoints when it says the idle gap covers the cost, keeps the
+//! newest K checkpoints, and restores a container whose init died on its own.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use log::{info, warn};
+use scheduler::{CheckpointCost, Decision, DeferReason, Footprint, Hint};
+use serde::{Deserialize, Serialize};
+
+use crate::api::RestoreInfo;
+use crate::container::Container;
+use crate::error::Result;
+use crate::task::Inner;
+
+pub const CHECKPOINT_ANNOTATION: &str = "io.belayer.checkpoint";
+pub const RECOVER_ANNOTATION: &str = "io.belayer.recover";
+pub const POLICY_ANNOTATION: &str = "io.belayer.policy";
+pub const KEEP_ANNOTATION: &str = "io.belayer.keep";
+/// Topic of the event published when a container was recovered (a `TaskStart` with the new pid).
+pub const RECOVERED_TOPIC: &str = "/tasks/belayer/recovered";
+
+/// What Belayer does for one container, from its annotations and the node's settings.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ContainerPolicy {
+    /// Checkpoint automatically at action boundaries.
+    pub auto: bool,
+    /// Restore the newest checkpoint when init dies without a kill from containerd.
+    pub recover: bool,
+    /// After a restore, re-run the journalled actions the checkpoint does not reflect.
+    pub replay: bool,
+    /// Checkpoints kept by automatic checkpointing.
+    pub keep: usize,
+}
+
+impl ContainerPolicy {
+    pub fn from_spec(bundle: &std::path::Path, settings: &crate::settings::Settings) -> Self {
+        let spec: serde_json::Value = std::fs::read(bundle.join("config.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let get = |key: &str, default: &str| {
+            spec["annotations"][key]
+                .as_str()
+                .unwrap_or(default)
+                .to_string()
+        };
+        Self {
+            auto: get(CHECKPOINT_ANNOTATION, &settings.checkpoint) == "auto",
+            recover: get(RECOVER_ANNOTATION, &settings.recover) == "auto",
+            replay: get(POLICY_ANNOTATION, &settings.policy) == "replay",
+            keep: get(KEEP_ANNOTATION, "")
+                .parse()
+                .unwrap_or(settings.keep)
+                .max(1),
+        }
+    }
+}
+
+/// Which journalled actions the environment reflects after a restore.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Position {
+    pub checkpoint: String,
+    /// Actions 1..=k are reflected; later ones were undone.
+    pub action: u64,
+    pub reflects: String,
+    pub policy: String,
+    /// For `replay`: the actions re-run, and those whose exit code differed.
+    pub replayed: u64,
+    pub mismatches: Vec<String>,
+}
+
+/// One automatic recovery.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Recovery {
+    pub at_unix_ms: u64,
+    pub exit_status: u32,
+    pub restore: RestoreInfo,
+    pub position: Option<Position>,
+}
+
+/// Resident memory of `pid`'s cgroup, the best cheap proxy for what CRIU must write (this kernel
+/// has no dirty-page tracking).
+fn footprint(pid: u32) -> Footprint {
+    let rss = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()
+        .and_then(|cg| {
+            let path = cg.lines().find_map(|l| {
+                let mut p = l.splitn(3, ':');
+                let (_, subs, path) = (p.next()?, p.next()?, p.next()?);
+                subs.split(',')
+                    .any(|s| s == "memory")
+                    .then(|| path.to_string())
+            })?;
+            std::fs::read_to_string(format!("/sys/fs/cgroup/memory{path}/memory.usage_in_bytes"))
+                .ok()
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Footprint {
+        dirty_bytes: rss,
+        resident_bytes: rss,
+        fs_changed_bytes: 0,
+    }
+}
+
+impl Inner {
+    fn now(&self) -> Duration {
+        self.epoch.elapsed()
+    }
+
+    fn sched(&self) -> std::sync::MutexGuard<'_, scheduler::NodeScheduler> {
+        self.sched.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A container appeared.
+    pub fn track(&self, c: &Container) {
+        if c.policy.auto {
+            self.sched().on_container_start(&c.id, self.now());
+        }
+    }
+
+    pub fn untrack(&self, id: &str) {
+        self.sched().remove_container(id);
+    }
+
+    /// An exec of `c` starts: journal it, tell the scheduler.
+    pub fn exec_started(&self, c: &mut Container, exec_id: &str, spec: &[u8]) {
+        let newest =
+            c.fs.as_ref()
+                .and_then(|f| f.parent.as_ref())
+                .map(|p| p.manifest.seq);
+        c.journal.start(exec_id, spec, newest);
+        if c.policy.auto {
+            self.sched().on_exec_start(&c.id, self.now());
+        }
+    }
+
+    /// An exec of `c` exited: journal it, tell the scheduler, maybe checkpoint.
+    pub fn exec_exited(self: &Arc<Self>, c: &mut Container, exec_id: &str, code: u32) {
+        c.journal.finish(exec_id, code);
+        if c.policy.auto {
+            self.sched().on_exec_exit(&c.id, self.now());
+            if !c
+                .execs
+                .values()
+                .any(|p| p.is_running() && p.exec_id != exec_id)
+            {
+                self.consider(&c.id);
+            }
+        }
+    }
+
+    /// A hint from the agent loop.
+    pub fn hint(self: &Arc<Self>, id: &str, hint: Hint) -> Result<()> {
+        self.get(id)?;
+        self.sched().on_hint(id, hint, self.now());
+        self.consider(id);
+        Ok(())
+    }
+
+    /// Asks the scheduler whether to checkpoint `id` now, and acts on the answer.
+    pub fn consider(self: &Arc<Self>, id: &str) {
+        let decision = self.sched().decide(id, self.now());
+        match decision {
+            Decision::CheckpointNow | Decision::Force => {
+                let (inner, id) = (self.clone(), id.to_string());
+                tokio::spawn(async move { inner.auto_checkpoint(&id, decision).await });
+            }
+            Decision::Defer {
+                reason:
+                    DeferReason::GapTooShort {
+                        recheck_at: Some(at),
+                        ..
+                    },
+            } => {
+                let (inner, id) = (self.clone(), id.to_string());
+                let wait = at.saturating_sub(self.now());
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    inner.consider(&id);
+                });
+            }
+            Decision::Defer { .. } => {}
+        }
+    }
+
+    async fn auto_checkpoint(self: &Arc<Self>, id: &str, decision: Decision) {
+        let pid = match self.get(id) {
+            Ok(c) => c.lock().await.init.pid,
+            Err(_) => return,
+        };
+        let fp = footprint(pid);
+        let started = Instant::now();
+        match self.checkpoint(id, false).await {
+            Ok(info) => {
+                let seconds = started.elapsed().as_secs_f64();
+                info!(
+                    "container {id}: automatic checkpoint {} ({decision:?}) in {seconds:.2}s",
+                    info.id
+                );
+                let _ = self.sched().on_checkpoint_done(
+                    id,
+                    CheckpointCost {
+                        footprint: fp,
+                        seconds,
+                    },
+                );
+                if let Err(e) = self.retain(id).await {
+                    warn!("container {id}: retention: {e}");
+                }
+            }
+            Err(e) => {
+                warn!("container {id}: automatic checkpoint failed: {e}");
+                let _ = self.sched().on_checkpoint_failed(id);
+            }
+        }
+        // A permit came back: containers that were waiting for one.
+        let waiting = self.sched().idle_candidates(self.now());
+        for other in waiting {
+            self.consider(&other);
+        }
+    }
+
+    /// Keeps the newest K checkpoints, plus those the running rootfs stacks on (their layers are
+    /// mounted). A checkpoint goes only when no pinned one needs its layer; a kept one whose chain
+    /// reaches a deleted one is compacted first.
+    async fn retain(&self, id: &str) -> Result<()> {
+        let shared = self.get(id)?;
+        let (keep, pinned) = {
+            let c = shared.lock().await;
+            (c.policy.keep, c.mount_chain.clone())
+        };
+        let store = self.store();
+        let (ns, cid) = (self.namespace.clone(), id.to_string());
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut chains = std::collections::BTreeMap::new();
+            let mut refs = Vec::new();
+            for seq in store.list(&ns, &cid)? {
+                let m = store.load(&ns, &cid, seq)?.manifest;
+                refs.push(scheduler::CheckpointRef {
+                    id: seq,
+                    seq,
+                    parent: m.parent,
+                });
+                chains.insert(seq, m.fs_chain);
+            }
+            let plan = scheduler::plan_retention(&refs, keep);
+            let needed_by_pinned = |d: u64| {
+                pinned
+                    .iter()
+                    .any(|p| chains.get(p).is_some_and(|c| c.contains(&d)))
+            };
+            let delete: Vec<u64> = plan
+                .delete
+                .into_iter()
+                .filter(|d| !pinned.contains(d) && !needed_by_pinned(*d))
+                .collect();
+            if delete.is_empty() {
+                return Ok(());
+            }
+            for (seq, chain) in &chains {
+                if !delete.contains(seq)
+                    && !pinned.contains(seq)
+                    && chain.iter().any(|l| delete.contains(l))
+                {
+                    store.compact(&ns, &cid, *seq).map_err(|e| {
+                        crate::error::Error::Checkpoint(crate::checkpoint::chain(&e))
+                    })?;
+                }
+            }
+            for seq in delete {
+                store.delete(&ns, &cid, seq)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| crate::error::Error::Checkpoint(e.to_string()))?
+    }
+
+    /// After a restore of `c` to checkpoint `seq`: where the journal stands, and for `replay`
+    /// the re-run of the undone actions.
+    pub async fn reposition(&self, c: &mut Container, seq: u64) -> Option<Position> {
+        let k = *c.journal.positions.get(&seq)?;
+        let undone = c.journal.after(k);
+        let mut position = Position {
+            checkpoint: seq.to_string(),
+            action: k,
+            reflects: format!("checkpoint {seq}, taken after action {k}"),
+            policy: if c.policy.replay { "replay" } else { "rewind" }.into(),
+            replayed: 0,
+            mismatches: Vec::new(),
+        };
+        c.journal.truncate(k);
+        if c.policy.replay {
+            for e in undone {
+                let exec_id = format!("belayer-replay-{}", e.index);
+                let spec = serde_json::to_vec(&e.spec).unwrap_or_default();
+                c.journal.start(&exec_id, &spec, Some(seq));
+                let code = self.run_quiet(c, &exec_id, &spec).await;
+                c.journal.finish(&exec_id, code);
+                position.replayed += 1;
+                if Some(code) != e.exit_code {
+                    position.mismatches.push(format!(
+                        "action {} ({}) exited {code}, journal says {:?}",
+                        e.index,
+                        e.args.join(" "),
+                        e.exit_code
+                    ));
+                }
+            }
+            position.action = c.journal.completed();
+        }
+        c.position = Some(position.clone());
+        Some(position)
+    }
+
+    /// Runs a process spec in `c` with no stdio and returns its exit code.
+    async fn run_quiet(&self, c: &Container, exec_id: &str, spec: &[u8]) -> u32 {
+        let path = c.exec_spec_path(exec_id);
+        if std::fs::write(&path, spec).is_err() {
+            return 255;
+        }
+        let paths = crate::stdio::StdioPaths::default();
+        let started =
+            crate::container::spawn_process(&self.runc, &c.id, &c.bundle, &paths, Some(&path))
+                .await;
+        let _ = std::fs::remove_file(&path);
+        match started {
+            Ok((pid, _io)) => crate::reaper::watch(pid as i32).await.unwrap_or(255) as u32,
+            Err(_) => 255,
+        }
+    }
+
+    /// Restores `id` after its init died on its own; `None` when recovery is off or impossible.
+    pub async fn recover(self: &Arc<Self>, id: &str, exit_status: u32) -> Option<Recovery> {
+        {
+            let shared = self.get(id).ok()?;
+            let c = shared.lock().await;
+            if !c.policy.recover || c.killed {
+                return None;
+            }
+        }
+        if self
+            .store()
+            .list(&self.namespace, id)
+            .map(|l| l.is_empty())
+            .unwrap_or(true)
+        {
+            return None;
+        }
+        match self.restore(id, None).await {
+            Ok(restore) => {
+                let shared = self.get(id).ok()?;
+                let mut c = shared.lock().await;
+                let rec = Recovery {
+                    at_unix_ms: std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as u64),
+                    exit_status,
+                    position: c.position.clone(),
+                    restore,
+                };
+                c.recoveries.push(rec.clone());
+                self.sched().on_restored(id, self.now());
+                Some(rec)
+            }
+            Err(e) => {
+                warn!("container {id}: automatic recovery failed: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl Inner {
+    pub async fn status(&self, id: &str) -> Result<crate::api::Status> {
+        let shared = self.get(id)?;
+        let c = shared.lock().await;
+        let checkpoints = self
+            .store()
+            .list(&self.namespace, id)?
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        Ok(crate::api::Status {
+            container: id.to_string(),
+            namespace: self.namespace.clone(),
+            pid: c.init.pid,
+            policy: c.policy.clone(),
+            checkpoints,
+            actions: c.journal.completed(),
+            position: c.position.clone(),
+            recoveries: c.recoveries.clone(),
+        })
+    }
+
+    pub async fn journal(&self, id: &str) -> Result<Vec<crate::journal::Entry>> {
+        let shared = self.get(id)?;
+        let c = shared.lock().await;
+        Ok(c.journal.entries.clone())
+    }
+}

@@ -1,0 +1,160 @@
+//! The action journal: every exec of a container (args, cwd, env digest, start, end, exit code)
+//! in order, and which journal position each checkpoint captured. After a restore the agent loop
+//! learns which actions the environment reflects ("checkpoint X, taken after action k").
+//!
+//! Kept under the store, root-only: `journal/<namespace>/<container>.jsonl` (one entry a line,
+//! rewritten when a restore rewinds it) and `journal/<namespace>/<container>.checkpoints.json`
+//! (checkpoint id → actions completed at its instant).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+/// One action.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Entry {
+    /// Position in the journal, from 1.
+    pub index: u64,
+    pub exec_id: String,
+    pub args: Vec<String>,
+    pub cwd: String,
+    /// sha256 of the environment, `KEY=value` lines in order.
+    pub env_sha256: String,
+    pub started_unix_ms: u64,
+    pub ended_unix_ms: Option<u64>,
+    pub exit_code: Option<u32>,
+    /// The newest checkpoint when the action started.
+    pub after_checkpoint: Option<u64>,
+    /// The OCI process spec, for replay.
+    pub spec: serde_json::Value,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A container's journal, in memory and on disk.
+pub struct Journal {
+    dir: PathBuf,
+    id: String,
+    pub entries: Vec<Entry>,
+    /// Checkpoint id → number of actions completed at its instant.
+    pub positions: BTreeMap<u64, u64>,
+}
+
+impl Journal {
+    /// Opens (or starts) the journal of container `id` under `dir`.
+    pub fn open(dir: PathBuf, id: &str) -> Self {
+        let entries = std::fs::read_to_string(dir.join(format!("{id}.jsonl")))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let positions = std::fs::read(dir.join(format!("{id}.checkpoints.json")))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        Self {
+            dir,
+            id: id.to_string(),
+            entries,
+            positions,
+        }
+    }
+
+    /// Records the start of an exec; returns its index.
+    pub fn start(&mut self, exec_id: &str, spec: &[u8], after_checkpoint: Option<u64>) -> u64 {
+        let spec: serde_json::Value = serde_json::from_slice(spec).unwrap_or_default();
+        let strings = |v: &serde_json::Value| -> Vec<String> {
+            v.as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|s| s.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let env = strings(&spec["env"]).join("\n");
+        let index = self.entries.len() as u64 + 1;
+        self.entries.push(Entry {
+            index,
+            exec_id: exec_id.to_string(),
+            args: strings(&spec["args"]),
+            cwd: spec["cwd"].as_str().unwrap_or("/").to_string(),
+            env_sha256: format!("{:x}", sha2::Sha256::digest(env.as_bytes())),
+            started_unix_ms: now_ms(),
+            ended_unix_ms: None,
+            exit_code: None,
+            after_checkpoint,
+            spec,
+        });
+        index
+    }
+
+    /// Records an exec's exit.
+    pub fn finish(&mut self, exec_id: &str, exit_code: u32) {
+        if let Some(e) = self
+            .entries
+            .iter_mut()
+            .rev()
+            .find(|e| e.exec_id == exec_id && e.exit_code.is_none())
+        {
+            e.ended_unix_ms = Some(now_ms());
+            e.exit_code = Some(exit_code);
+            let line = serde_json::to_string(e).unwrap_or_default();
+            let _ = std::fs::create_dir_all(&self.dir);
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(format!("{}.jsonl", self.id)))
+            {
+                let _ = writeln!(f, "{line}");
+            }
+        }
+    }
+
+    /// Actions completed so far (the journal position a checkpoint now would capture).
+    pub fn completed(&self) -> u64 {
+        self.entries
+            .iter()
+            .take_while(|e| e.exit_code.is_some())
+            .count() as u64
+    }
+
+    /// Records that checkpoint `seq` captured the environment after `position` actions.
+    pub fn checkpointed(&mut self, seq: u64, position: u64) {
+        self.positions.insert(seq, position);
+        let _ = std::fs::create_dir_all(&self.dir);
+        let _ = std::fs::write(
+            self.dir.join(format!("{}.checkpoints.json", self.id)),
+            serde_json::to_vec(&self.positions).unwrap_or_default(),
+        );
+    }
+
+    /// The actions after position `k`, which a restore to `k` undid.
+    pub fn after(&self, k: u64) -> Vec<Entry> {
+        self.entries
+            .iter()
+            .filter(|e| e.index > k)
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets the actions after position `k` (a rewind) and rewrites the journal file.
+    pub fn truncate(&mut self, k: u64) {
+        self.entries.retain(|e| e.index <= k);
+        let _ = std::fs::create_dir_all(&self.dir);
+        let text: String = self
+            .entries
+            .iter()
+            .filter_map(|e| serde_json::to_string(e).ok())
+            .map(|l| l + "\n")
+            .collect();
+        let _ = std::fs::write(self.dir.join(format!("{}.jsonl", self.id)), text);
+    }
+}
