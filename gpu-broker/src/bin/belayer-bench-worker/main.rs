@@ -211,6 +211,12 @@ fn cpu_name() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
 fn shmem_thp() -> String {
     std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
         .ok()
@@ -262,6 +268,7 @@ fn main() -> Result<()> {
         threads,
         dir: out.join("runs"),
     };
+    let load_start = loadavg();
     let reps = 3;
     let mut cold = Vec::new();
     let mut loads = Vec::new();
@@ -289,6 +296,7 @@ fn main() -> Result<()> {
         threads,
         cpu: cpu_name(),
         shmem_thp: shmem_thp(),
+        loadavg: [load_start, loadavg()],
         cold_start_s,
         cold_start_runs: cold,
         cold_load_s: median(&loads),

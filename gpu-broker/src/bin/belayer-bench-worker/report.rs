@@ -31,6 +31,8 @@ pub struct Report {
     pub cpu: String,
     /// `/sys/kernel/mm/transparent_hugepage/shmem_enabled` (huge pages for the broker's memfds).
     pub shmem_thp: String,
+    /// `/proc/loadavg` at the start and at the end of the run (other load skews every time).
+    pub loadavg: [String; 2],
     pub cold_start_s: f64,
     pub cold_start_runs: Vec<f64>,
     pub cold_load_s: f64,
@@ -54,11 +56,13 @@ pub fn median(v: &[f64]) -> f64 {
 pub fn table(r: &Report) -> String {
     let mut s = String::new();
     s.push_str(&format!(
-        "cpu: {} ({} threads){}; shmem THP: {}\n",
+        "cpu: {} ({} threads){}; shmem THP: {}; load average {} → {}\n",
         r.cpu,
         r.threads,
         if r.quick { ", quick mode" } else { "" },
-        r.shmem_thp
+        r.shmem_thp,
+        r.loadavg[0],
+        r.loadavg[1]
     ));
     s.push_str(&format!("{:<44} {:>12}\n", "measurement", "seconds"));
     s.push_str(&format!(
