@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::bench::check::{self, Checks};
+use crate::bench::control;
 use crate::bench::ctrd::{self, BELAYER};
 use crate::bench::stats::Samples;
 use crate::containerd::{Containerd, Out};
@@ -119,6 +120,7 @@ pub fn measure(
         check::rolled_back(checks, "belayer", run, &format!("{id} (live)"), &exec);
     }
 
+    breakdown(c, run, &id, &cp, samples, checks);
     fork(c, run, &id, &cp, samples, checks);
     ctrd::remove(c, &id);
     let _ = c.belayer(&["rm", &id, &cp]);
@@ -157,4 +159,55 @@ fn fork(c: &Containerd, run: u32, id: &str, cp: &str, samples: &mut Samples, che
     for f in &forks {
         ctrd::remove(c, f);
     }
+}
+
+/// One more restore of the live container, straight through the control API, for the shim's
+/// own split of the time (the CLI does not print it); checked like the others.
+fn breakdown(
+    c: &Containerd,
+    run: u32,
+    id: &str,
+    cp: &str,
+    samples: &mut Samples,
+    checks: &mut Checks,
+) {
+    let start = Instant::now();
+    let answer = control::restore(&c.ns, id, cp.parse().unwrap_or(0));
+    let secs = start.elapsed().as_secs_f64();
+    let detail = match &answer {
+        Ok(v) => v.to_string(),
+        Err(e) => e.clone(),
+    };
+    let ok = answer.is_ok() && ctrd::task_status(c, id) == "RUNNING";
+    checks.record(
+        "belayer",
+        run,
+        id,
+        "restore through the control API runs the task",
+        ok,
+        detail,
+    );
+    let Some(info) = answer.ok().filter(|_| ok) else {
+        return;
+    };
+    samples.push("belayer_restore_shim", secs);
+    for (key, field) in [
+        ("verify", "verify_ms"),
+        ("mount", "mount_ms"),
+        ("criu", "restore_ms"),
+    ] {
+        if let Some(ms) = info[field].as_u64() {
+            samples.push(&format!("belayer_restore_{key}"), ms as f64 / 1e3);
+        }
+    }
+    eprintln!("  belayer restore (control API) {secs:.2}s: {info}");
+    let s = Sandbox::attach(c, id);
+    check::restored(
+        checks,
+        "belayer",
+        run,
+        &format!("{id} (control API)"),
+        None,
+        &|script| s.exec(script, None),
+    );
 }

@@ -5,6 +5,7 @@
 pub mod args;
 pub mod belayer;
 pub mod check;
+pub mod control;
 pub mod ctrd;
 pub mod podman;
 pub mod report;
