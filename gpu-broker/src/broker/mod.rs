@@ -15,6 +15,7 @@ mod failover;
 mod handlers;
 pub mod log;
 pub mod pages;
+mod regions;
 mod server;
 
 pub use server::{ServeError, serve};

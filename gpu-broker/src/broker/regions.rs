@@ -1,0 +1,181 @@
+//! Region handlers: the manifest, the KV arena's creation, and the weights' cold path
+//! (allocate, publish with checksum verification and seals).
+
+use std::os::fd::BorrowedFd;
+
+use super::handlers::err;
+use super::{Broker, Kv, Weights};
+use crate::wire::{ErrorCode, Msg, RegionInfo, RegionKind};
+
+impl Broker {
+    fn region_infos(&self) -> (Vec<RegionInfo>, Vec<BorrowedFd<'_>>) {
+        let mut infos = Vec::new();
+        let mut fds = Vec::new();
+        if let Some(w) = &self.weights
+            && w.published
+            && self.weights_ok
+        {
+            infos.push(RegionInfo {
+                kind: RegionKind::Weights,
+                bytes: w.region.bytes(),
+                version: w.version,
+                checksum: w.checksum,
+                published: true,
+                page_bytes: 0,
+                meta: w.meta.clone(),
+            });
+            fds.push(w.region.handle());
+        }
+        if let Some(k) = &self.kv {
+            infos.push(RegionInfo {
+                kind: RegionKind::Kv,
+                bytes: k.region.bytes(),
+                version: 0,
+                checksum: 0,
+                published: true,
+                page_bytes: k.page_bytes,
+                meta: Vec::new(),
+            });
+            fds.push(k.region.handle());
+        }
+        (infos, fds)
+    }
+
+    pub(super) fn on_manifest(&mut self, peer: u32) {
+        let (regions, fds) = self.region_infos();
+        self.reply(peer, &Msg::Manifest { regions }, &fds);
+    }
+
+    pub(super) fn ensure_kv(&mut self, page_bytes: u64) -> Result<(), Msg> {
+        if let Some(k) = &self.kv {
+            if k.page_bytes != page_bytes {
+                return Err(err(
+                    ErrorCode::BadRequest,
+                    format!("KV arena has {}-byte pages, not {page_bytes}", k.page_bytes),
+                ));
+            }
+            return Ok(());
+        }
+        if page_bytes == 0 || page_bytes > self.cfg.kv_bytes {
+            return Err(err(ErrorCode::BadRequest, "bad KV page size"));
+        }
+        let n = (self.cfg.kv_bytes / page_bytes) as u32;
+        let bytes = u64::from(n) * page_bytes;
+        let mut region = self
+            .backend
+            .create("kv", bytes)
+            .map_err(|e| err(ErrorCode::Backend, e.to_string()))?;
+        region
+            .seal(false)
+            .map_err(|e| err(ErrorCode::Backend, e.to_string()))?;
+        tracing::info!(pages = n, page_bytes, "KV arena created");
+        self.kv = Some(Kv {
+            region,
+            page_bytes,
+            pages: super::pages::Pages::new(n),
+        });
+        Ok(())
+    }
+
+    pub(super) fn on_alloc_weights(&mut self, peer: u32, epoch: u64, version: u64, bytes: u64) {
+        if let Some(m) = self.check_lease(peer, epoch) {
+            self.reply(peer, &m, &[]);
+            return;
+        }
+        if self.weights_ok && self.weights.as_ref().is_some_and(|w| w.published) {
+            let m = err(ErrorCode::BadRequest, "valid weights are already published");
+            self.reply(peer, &m, &[]);
+            return;
+        }
+        let r = self.backend.create("weights", bytes).and_then(|mut r| {
+            r.seal(false)?;
+            Ok(r)
+        });
+        match r {
+            Ok(region) => {
+                tracing::info!(peer, version, bytes, "weights region allocated (cold load)");
+                self.weights = Some(Weights {
+                    region,
+                    version,
+                    checksum: 0,
+                    published: false,
+                    meta: Vec::new(),
+                });
+                self.weights_ok = true;
+                let (regions, fds) = self.region_infos_unpublished();
+                self.reply(peer, &Msg::Manifest { regions }, &fds);
+            }
+            Err(e) => self.reply(peer, &err(ErrorCode::Backend, e.to_string()), &[]),
+        }
+    }
+
+    fn region_infos_unpublished(&self) -> (Vec<RegionInfo>, Vec<BorrowedFd<'_>>) {
+        match &self.weights {
+            Some(w) => (
+                vec![RegionInfo {
+                    kind: RegionKind::Weights,
+                    bytes: w.region.bytes(),
+                    version: w.version,
+                    checksum: 0,
+                    published: false,
+                    page_bytes: 0,
+                    meta: Vec::new(),
+                }],
+                vec![w.region.handle()],
+            ),
+            None => (Vec::new(), Vec::new()),
+        }
+    }
+
+    pub(super) fn on_publish(
+        &mut self,
+        peer: u32,
+        epoch: u64,
+        version: u64,
+        checksum: u64,
+        meta: Vec<u8>,
+    ) {
+        if let Some(m) = self.check_lease(peer, epoch) {
+            self.reply(peer, &m, &[]);
+            return;
+        }
+        let seal = self.cfg.seal_weights;
+        let r = match self.weights.as_mut() {
+            Some(w) if !w.published && w.version == version => {
+                match w.region.checksum() {
+                    Ok(c) if c == checksum => match w.region.seal(seal) {
+                        Ok(()) => {
+                            w.checksum = c;
+                            w.published = true;
+                            w.meta = meta;
+                            tracing::info!(
+                                version,
+                                checksum = c,
+                                sealed = seal,
+                                "weights published"
+                            );
+                            Msg::Ok { epoch }
+                        }
+                        // EBUSY: someone still maps the region writable.
+                        Err(e) => err(
+                            ErrorCode::BadRequest,
+                            format!("cannot seal the weights: {e}"),
+                        ),
+                    },
+                    Ok(c) => err(
+                        ErrorCode::BadRequest,
+                        format!(
+                            "weights checksum mismatch: worker says {checksum:016x}, region holds {c:016x}"
+                        ),
+                    ),
+                    Err(e) => err(ErrorCode::Backend, e.to_string()),
+                }
+            }
+            _ => err(
+                ErrorCode::BadRequest,
+                "no unpublished weights of that version",
+            ),
+        };
+        self.reply(peer, &r, &[]);
+    }
+}
