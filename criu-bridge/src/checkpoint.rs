@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::criu::{CriuLog, VersionError, read_dump_stats};
-use crate::layer::{CaptureError, capture_layer};
+use crate::layer::{CaptureError, CaptureStats, LayerIndex, capture_layer};
 use crate::runc::{CriuOptions, Runc, RuncError};
 use crate::store::{
-    CRIU_DIR, Checkpoint, FORMAT_VERSION, FS_DIR, Manifest, Store, StoreError, Timings,
+    CRIU_DIR, Checkpoint, FORMAT_VERSION, FS_DIR, Manifest, PendingCheckpoint, Store, StoreError,
+    Timings,
 };
 
 /// What to checkpoint and where.
@@ -214,9 +215,57 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         .map_err(|e| CheckpointError::store(id, e))?;
     let mut t = Timings::default();
 
+    let (index, capture) = one_instant(
+        req,
+        &pending,
+        parent_index.as_ref(),
+        state.status == "running",
+        &mut t,
+    )?;
+
+    pending
+        .write_index(&index)
+        .map_err(|e| CheckpointError::store(id, e))?;
+    let criu_stats = match read_dump_stats(&pending.criu_dir().join("stats-dump")) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(container = id, error = %e, "no CRIU dump stats");
+            None
+        }
+    };
+    t.total_us = micros(start);
+    let manifest = Manifest {
+        criu_stats,
+        capture,
+        ..manifest_for(req, parent.as_ref(), pending.seq(), &spec, t)
+    };
+    let cp = pending
+        .commit(manifest)
+        .map_err(|e| CheckpointError::store(id, e))?;
+    tracing::info!(
+        container = id,
+        seq = cp.manifest.seq,
+        frozen_us = cp.manifest.timings.frozen_us,
+        total_us = cp.manifest.timings.total_us,
+        bytes = cp.manifest.sizes.total_bytes,
+        "checkpoint taken"
+    );
+    Ok(cp)
+}
+
+/// The frozen window: pause (if `pause`) → dump → capture → thaw; in exit mode the capture
+/// comes first (still frozen, so the same instant): once CRIU has killed the processes, a
+/// failed capture could not be undone. Any failure thaws what this call froze.
+fn one_instant(
+    req: &CheckpointRequest<'_>,
+    pending: &PendingCheckpoint,
+    parent_index: Option<&LayerIndex>,
+    pause: bool,
+    t: &mut Timings,
+) -> Result<(LayerIndex, CaptureStats), CheckpointError> {
+    let id = req.id;
     let frozen_at = Instant::now();
-    let we_pause = state.status == "running";
-    if we_pause {
+    if pause {
         req.runc
             .pause(id)
             .map_err(|source| CheckpointError::Freeze {
@@ -228,12 +277,12 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
     let mut thaw = ThawGuard {
         runc: req.runc,
         id,
-        armed: we_pause,
+        armed: pause,
     };
 
     let capture = |t: &mut Timings| {
         let at = Instant::now();
-        let r = capture_layer(req.upper_dir, parent_index.as_ref(), &pending.fs_dir());
+        let r = capture_layer(req.upper_dir, parent_index, &pending.fs_dir());
         t.fs_capture_us = micros(at);
         r.map_err(|source| match source {
             CaptureError::DiskFull(e) => CheckpointError::DiskFull { path: e.path },
@@ -243,12 +292,10 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
             },
         })
     };
-    // Exit mode captures the filesystem first (still frozen, so the same instant): once CRIU
-    // has killed the processes, a failed capture could not be undone.
     let early = if req.leave_running {
         None
     } else {
-        Some(capture(&mut t)?)
+        Some(capture(t)?)
     };
 
     let dump_at = Instant::now();
@@ -278,11 +325,10 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         // The processes are gone and runc deleted the container: nothing to thaw.
         thaw.armed = false;
     }
-    let (index, capture) = match early {
+    let captured = match early {
         Some(done) => done,
-        None => capture(&mut t)?,
+        None => capture(t)?,
     };
-
     if thaw.armed {
         let thaw_at = Instant::now();
         thaw.armed = false;
@@ -295,35 +341,33 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         t.thaw_us = micros(thaw_at);
     }
     t.frozen_us = micros(frozen_at);
+    Ok(captured)
+}
 
-    pending
-        .write_index(&index)
-        .map_err(|e| CheckpointError::store(id, e))?;
-    let criu_stats = match read_dump_stats(&criu_dir.join("stats-dump")) {
-        Ok(s) => Some(s),
-        Err(e) => {
-            tracing::warn!(container = id, error = %e, "no CRIU dump stats");
-            None
-        }
-    };
-    let seq = pending.seq();
+/// The manifest of checkpoint `seq` (files, sizes and figures are filled in later).
+fn manifest_for(
+    req: &CheckpointRequest<'_>,
+    parent: Option<&Checkpoint>,
+    seq: u64,
+    spec: &[u8],
+    t: Timings,
+) -> Manifest {
     let mut fs_chain = vec![seq];
-    if let Some(p) = &parent {
+    if let Some(p) = parent {
         fs_chain.extend(&p.manifest.fs_chain);
     }
-    t.total_us = micros(start);
-    let manifest = Manifest {
+    Manifest {
         format_version: FORMAT_VERSION,
         namespace: req.namespace.into(),
-        container: id.into(),
+        container: req.id.into(),
         seq,
-        parent: parent.as_ref().map(|p| p.manifest.seq),
+        parent: parent.map(|p| p.manifest.seq),
         created_unix_ms: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
         spec_digest: format!(
             "sha256:{}",
-            crate::tree::hex(&<sha2::Sha256 as sha2::Digest>::digest(&spec))
+            crate::tree::hex(&<sha2::Sha256 as sha2::Digest>::digest(spec))
         ),
         image_lowers: req.image_lowers.to_vec(),
         fs_chain,
@@ -333,20 +377,8 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         criu_options: req.criu.clone(),
         sizes: Default::default(),
         timings: t,
-        criu_stats,
-        capture,
+        criu_stats: None,
+        capture: Default::default(),
         files: Vec::new(),
-    };
-    let cp = pending
-        .commit(manifest)
-        .map_err(|e| CheckpointError::store(id, e))?;
-    tracing::info!(
-        container = id,
-        seq,
-        frozen_us = cp.manifest.timings.frozen_us,
-        total_us = cp.manifest.timings.total_us,
-        bytes = cp.manifest.sizes.total_bytes,
-        "checkpoint taken"
-    );
-    Ok(cp)
+    }
 }
