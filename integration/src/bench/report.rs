@@ -48,6 +48,22 @@ pub const MEASURES: &[(&str, &str)] = &[
         "Belayer: `belayer restore` of a live container → running",
     ),
     (
+        "belayer_restore_shim",
+        "Belayer: restore of a live container via the control API",
+    ),
+    (
+        "belayer_restore_verify",
+        "… of which integrity check (shim's `verify_ms`)",
+    ),
+    (
+        "belayer_restore_mount",
+        "… of which rootfs mount (shim's `mount_ms`)",
+    ),
+    (
+        "belayer_restore_criu",
+        "… of which CRIU restore (shim's `restore_ms`)",
+    ),
+    (
         "belayer_fork8",
         "Belayer: `belayer fork --count 8` → all 8 running",
     ),
