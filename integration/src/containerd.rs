@@ -301,7 +301,10 @@ impl Drop for Containerd {
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
         crate::leaks::unmount_under(&self.dir);
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // BELAYER_KEEP_TEST_DIR=1 keeps logs and state for a post-mortem.
+        if std::env::var_os("BELAYER_KEEP_TEST_DIR").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

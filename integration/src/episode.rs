@@ -136,6 +136,17 @@ impl<'a> Sandbox<'a> {
     /// Imports the sandbox image (once per containerd) and starts `sleep infinity` in it.
     #[track_caller]
     pub fn start(c: &'a Containerd, runtime: &str, id: &str) -> Self {
+        Self::start_annotated(c, runtime, id, &[])
+    }
+
+    /// [`Sandbox::start`] with OCI annotations (`key=value`).
+    #[track_caller]
+    pub fn start_annotated(
+        c: &'a Containerd,
+        runtime: &str,
+        id: &str,
+        annotations: &[&str],
+    ) -> Self {
         if !c
             .ctr(&["images", "ls", "-q"])
             .stdout
@@ -144,17 +155,12 @@ impl<'a> Sandbox<'a> {
         {
             c.import(&prereq::image("sandbox.tar"));
         }
-        c.ctr(&[
-            "run",
-            "-d",
-            "--runtime",
-            runtime,
-            SANDBOX,
-            id,
-            "sleep",
-            "infinity",
-        ])
-        .ok();
+        let mut args = vec!["run", "-d", "--runtime", runtime];
+        for a in annotations {
+            args.extend(["--annotation", a]);
+        }
+        args.extend([SANDBOX, id, "sleep", "infinity"]);
+        c.ctr(&args).ok();
         Self {
             c,
             id: id.to_string(),

@@ -193,7 +193,7 @@ impl Inner {
         };
         let fp = footprint(pid);
         let started = Instant::now();
-        match self.checkpoint(id, false).await {
+        match self.checkpoint_when_free(id).await {
             Ok(info) => {
                 let seconds = started.elapsed().as_secs_f64();
                 info!(

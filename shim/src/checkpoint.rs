@@ -103,7 +103,8 @@ impl Inner {
         r
     }
 
-    /// Checkpoints container `id` (processes and filesystem at one instant).
+    /// Checkpoints container `id` (processes and filesystem at one instant). A checkpoint or
+    /// restore already running is an error, not a wait.
     pub async fn checkpoint(self: &Arc<Self>, id: &str, exit: bool) -> Result<CheckpointInfo> {
         let shared = self.get(id)?;
         let _busy = Busy::take(
@@ -111,7 +112,25 @@ impl Inner {
                 .try_lock()
                 .map_err(|_| Error::InProgress(id.to_string()))?,
         )?;
-        let mut c = shared.lock().await;
+        let c = shared.lock().await;
+        self.checkpoint_locked(c, id, exit).await
+    }
+
+    /// Checkpoints container `id` once its lock is free (an exit being recorded, an exec
+    /// starting): the automatic path.
+    pub async fn checkpoint_when_free(self: &Arc<Self>, id: &str) -> Result<CheckpointInfo> {
+        let shared = self.get(id)?;
+        let c = shared.lock().await;
+        let _busy = Busy::take(&c)?;
+        self.checkpoint_locked(c, id, false).await
+    }
+
+    async fn checkpoint_locked(
+        self: &Arc<Self>,
+        mut c: tokio::sync::MutexGuard<'_, Container>,
+        id: &str,
+        exit: bool,
+    ) -> Result<CheckpointInfo> {
         if !c.init.is_running() {
             return Err(Error::FailedPrecondition(format!(
                 "container {id} is not running"

@@ -142,7 +142,9 @@ async fn handle(inner: Arc<Inner>, id: &str, mut stream: UnixStream) -> std::io:
     );
     stream.write_all(head.as_bytes()).await?;
     stream.write_all(&body).await?;
-    stream.shutdown().await
+    // The client may have read its answer and gone already.
+    let _ = stream.shutdown().await;
+    Ok(())
 }
 
 fn reason(status: u16) -> &'static str {

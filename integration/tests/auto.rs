@@ -1,0 +1,161 @@
+//! Automatic mode on a 12-turn agent episode with simulated LLM gaps of 1–3 s: checkpoints land
+//! in the gaps (the episode takes no longer than under runc-v2), and a sandbox killed mid-episode
+//! comes back at its newest checkpoint with the journal position reported.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use belayer_integration::episode::{self, Sandbox};
+use belayer_integration::{Containerd, Flavor};
+use common::*;
+
+const TURNS: usize = 12;
+
+/// The LLM's think time before each turn: 1–3 s, the same sequence every run.
+fn gaps() -> Vec<Duration> {
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..TURNS)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            Duration::from_millis(1000 + x % 2000)
+        })
+        .collect()
+}
+
+fn action(turn: usize) -> String {
+    format!(
+        "python3 -c 'import json; json.dump({{\"turn\": {turn}}}, open(\"/work/turn{turn}.json\", \"w\"))' && echo {turn} >> /work/turns"
+    )
+}
+
+/// Runs turns `from..to` as an agent loop: action, then the LLM's think time (with an
+/// `llm-start` hint for Belayer). Returns the loop's wall time.
+fn agent_loop(c: &Containerd, s: &Sandbox, hints: bool, turns: std::ops::Range<usize>) -> Duration {
+    let gaps = gaps();
+    let start = Instant::now();
+    for t in turns {
+        let out = s.exec(&action(t + 1), None);
+        assert_eq!(out.code, 0, "turn {}: {out:?}", t + 1);
+        if hints {
+            let ms = gaps[t].as_millis().to_string();
+            c.belayer(&["hint", &s.id, "llm-start", "--expected-ms", &ms])
+                .ok();
+        }
+        std::thread::sleep(gaps[t]);
+    }
+    start.elapsed()
+}
+
+fn auto_sandbox<'a>(c: &'a Containerd, id: &str) -> Sandbox<'a> {
+    let s = Sandbox::start_annotated(
+        c,
+        BELAYER,
+        id,
+        &[
+            "io.belayer.checkpoint=auto",
+            "io.belayer.recover=auto",
+            "io.belayer.keep=100",
+        ],
+    );
+    s.run(&episode::actions(64));
+    s
+}
+
+#[test]
+fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
+    let c = Containerd::start(Flavor::V2);
+
+    let reference = Sandbox::start(&c, RUNC, "loop-runc");
+    reference.run(&episode::actions(64));
+    let runc_wall = agent_loop(&c, &reference, false, 0..TURNS);
+    remove(&c, "loop-runc");
+
+    let s = auto_sandbox(&c, "loop-auto");
+    let before = c
+        .belayer(&["checkpoints", "loop-auto"])
+        .stdout
+        .lines()
+        .count();
+    let auto_wall = agent_loop(&c, &s, true, 0..TURNS);
+    let taken = c
+        .belayer(&["checkpoints", "loop-auto"])
+        .stdout
+        .lines()
+        .count()
+        - before;
+    let overhead = auto_wall.as_secs_f64() / runc_wall.as_secs_f64() - 1.0;
+    println!(
+        "12 turns: runc-v2 {runc_wall:?}, belayer auto {auto_wall:?} ({:+.2} %), {taken} checkpoints",
+        overhead * 100.0
+    );
+    assert!(
+        taken >= 8,
+        "only {taken} automatic checkpoints in {TURNS} turns"
+    );
+    assert!(
+        overhead <= 0.02,
+        "automatic mode made the episode {:.2} % slower ({auto_wall:?} vs {runc_wall:?})",
+        overhead * 100.0
+    );
+    remove(&c, "loop-auto");
+
+    // A crash mid-episode: init killed from outside containerd.
+    let s = auto_sandbox(&c, "loop-crash");
+    agent_loop(&c, &s, true, 0..7);
+    let newest = c
+        .belayer(&["checkpoints", "loop-crash"])
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let pid: i32 = c
+        .ctr(&["tasks", "ls"])
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("loop-crash "))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .expect("pid");
+    // SAFETY: kill(2) of the sandbox's init, a process of this test's containerd.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let status = || {
+        serde_json::from_str::<serde_json::Value>(&c.belayer(&["status", "loop-crash"]).stdout)
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || status()["recoveries"]
+            .as_array()
+            .is_some_and(|r| !r.is_empty())),
+        "no recovery: {}",
+        status()
+    );
+    assert_eq!(task_status(&c, "loop-crash"), "RUNNING");
+    let st = status();
+    let position = &st["recoveries"][0]["position"];
+    assert_eq!(
+        position["checkpoint"],
+        newest.as_str(),
+        "not recovered from the newest checkpoint: {st}"
+    );
+    let k = position["action"].as_u64().expect("journal position");
+    assert_eq!(
+        position["reflects"],
+        format!("checkpoint {newest}, taken after action {k}")
+    );
+    // The environment reflects exactly the episode's actions up to k: its setup actions, then turns.
+    let setup = episode::actions(64).len() as u64;
+    let turns_done = k.saturating_sub(setup);
+    let turns = s.exec("cat /work/turns 2>/dev/null", None).stdout;
+    let expected: String = (1..=turns_done).map(|t| format!("{t}\n")).collect();
+    assert_eq!(turns, expected, "files do not match journal position {k}");
+    // The agent loop rewinds to turn k and goes on.
+    agent_loop(&c, &s, true, turns_done as usize..TURNS);
+    assert_eq!(
+        s.exec("wc -l < /work/turns", None).stdout.trim(),
+        TURNS.to_string()
+    );
+    remove(&c, "loop-crash");
+}
