@@ -160,16 +160,31 @@ fn version(program: &str, args: &[&str]) -> String {
 
 /// What ran where, and the command that reproduces it.
 fn context(args: &Args, podman: Option<String>, wall_s: f64) -> Value {
+    // /proc/self/exe reads "… (deleted)" once a rebuild replaced the file.
     let exe = std::env::current_exe()
-        .map(|e| e.display().to_string())
+        .map(|e| {
+            e.display()
+                .to_string()
+                .trim_end_matches(" (deleted)")
+                .to_string()
+        })
         .unwrap_or_default();
+    let bin_dir = std::env::var("BELAYER_BIN_DIR").unwrap_or_default();
     let command = format!(
-        "{exe} --runs {} --holder-mb {} --out {}{}",
+        "BELAYER_BIN_DIR={bin_dir} {exe} --runs {} --holder-mb {} --out {}{}",
         args.runs,
         args.holder_mb,
         args.out.display(),
         if args.podman { "" } else { " --no-podman" }
     );
+    let repo = env!("CARGO_MANIFEST_DIR");
+    let dirty = !version(
+        "git",
+        &["-C", repo, "status", "--porcelain", "--untracked-files=no"],
+    )
+    .is_empty();
+    let git = version("git", &["-C", repo, "rev-parse", "--short", "HEAD"])
+        + if dirty { "+dirty" } else { "" };
     json!({
         "command": command,
         "runs": args.runs,
@@ -183,6 +198,7 @@ fn context(args: &Args, podman: Option<String>, wall_s: f64) -> Value {
         "runc": version("runc", &["--version"]),
         "criu": version("criu", &["--version"]),
         "podman": podman,
-        "git": version("git", &["-C", env!("CARGO_MANIFEST_DIR"), "rev-parse", "--short", "HEAD"]),
+        "git": git,
+        "bin_dir": bin_dir,
     })
 }
