@@ -31,20 +31,25 @@ fn action(turn: usize) -> String {
     )
 }
 
-/// Runs turns `from..to` as an agent loop: action, then the LLM's think time (with an
-/// `llm-start` hint for Belayer). Returns the loop's wall time.
+/// Runs turns `from..to` as an agent loop: action, then the LLM's think time. With `hints`, the
+/// loop fires an `llm-start` hint as the generation starts, without waiting for it (as an LLM
+/// gateway does). Returns the loop's wall time.
 fn agent_loop(c: &Containerd, s: &Sandbox, hints: bool, turns: std::ops::Range<usize>) -> Duration {
     let gaps = gaps();
     let start = Instant::now();
     for t in turns {
         let out = s.exec(&action(t + 1), None);
         assert_eq!(out.code, 0, "turn {}: {out:?}", t + 1);
-        if hints {
-            let ms = gaps[t].as_millis().to_string();
-            c.belayer(&["hint", &s.id, "llm-start", "--expected-ms", &ms])
-                .ok();
-        }
-        std::thread::sleep(gaps[t]);
+        std::thread::scope(|scope| {
+            if hints {
+                let ms = gaps[t].as_millis().to_string();
+                scope.spawn(move || {
+                    c.belayer(&["hint", &s.id, "llm-start", "--expected-ms", &ms])
+                        .ok()
+                });
+            }
+            std::thread::sleep(gaps[t]);
+        });
     }
     start.elapsed()
 }
