@@ -75,6 +75,10 @@ async fn read_request(stream: &mut UnixStream) -> std::io::Result<Request> {
             break i + 4;
         }
         let n = stream.read(&mut chunk).await?;
+        if n == 0 && buf.is_empty() {
+            // A liveness probe (connect, then close): nothing to answer.
+            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        }
         if n == 0 || buf.len() > MAX_REQUEST {
             return Err(bad("incomplete request"));
         }
@@ -127,6 +131,7 @@ async fn handle(inner: Arc<Inner>, id: &str, mut stream: UnixStream) -> std::io:
                     })?,
                 ),
             },
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => (
                 400,
                 serde_json::to_vec(&ErrorBody {
