@@ -158,3 +158,40 @@ impl Journal {
         let _ = std::fs::write(self.dir.join(format!("{}.jsonl", self.id)), text);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(args: &[&str]) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({"args": args, "cwd": "/w", "env": ["A=1"]})).unwrap()
+    }
+
+    #[test]
+    fn positions_rewind_and_persistence() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(dir.path().to_path_buf(), "c");
+        for i in 0..4 {
+            j.start(
+                &format!("e{i}"),
+                &spec(&["sh", "-c", &format!("echo {i}")]),
+                None,
+            );
+            if i == 1 {
+                j.checkpointed(7, j.completed());
+            }
+            j.finish(&format!("e{i}"), i);
+        }
+        assert_eq!(j.completed(), 4);
+        assert_eq!(j.positions[&7], 1, "checkpoint 7 was taken after action 1");
+        assert_eq!(j.entries[0].args, ["sh", "-c", "echo 0"]);
+        assert_eq!(j.entries[0].cwd, "/w");
+        let undone: Vec<u64> = j.after(1).iter().map(|e| e.index).collect();
+        assert_eq!(undone, [2, 3, 4]);
+        j.truncate(1);
+        let reopened = Journal::open(dir.path().to_path_buf(), "c");
+        assert_eq!(reopened.entries.len(), 1);
+        assert_eq!(reopened.positions[&7], 1);
+        assert_eq!(reopened.entries[0].exit_code, Some(0));
+    }
+}

@@ -94,6 +94,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_shipped_sample_is_valid_and_says_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/belayer.toml");
+        let s = Settings::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
+        let d = Settings::default();
+        assert_eq!((s.store, s.criu, s.keep), (d.store, d.criu, d.keep));
+        assert_eq!(
+            (s.checkpoint, s.recover, s.policy),
+            (d.checkpoint, d.recover, d.policy)
+        );
+    }
+
+    #[test]
     fn parses_and_rejects_unknown_keys() {
         let s = Settings::parse(Path::new("x"), "store = \"/tmp/s\"\nkeep = 5\n").unwrap();
         assert_eq!((s.store, s.keep), (PathBuf::from("/tmp/s"), 5));
