@@ -150,3 +150,68 @@ fn docker_run_and_exec_same_as_runc_v2() {
         "shims left running after docker rm: {docker_ns:?}"
     );
 }
+
+#[test]
+fn belayer_cli_checkpoints_and_restores_docker_containers() {
+    let c = Containerd::start(Flavor::V2);
+    let d = Docker::start(&c);
+    d.docker(&[
+        "run",
+        "-d",
+        "--name",
+        "dk",
+        "--network",
+        "none",
+        "--runtime",
+        BELAYER,
+        "belayer/busybox",
+        "sh",
+        "-c",
+        "i=0; while true; do i=$((i+1)); echo $i >> /c; sleep 0.01; done",
+    ])
+    .ok();
+    let id = d
+        .docker(&["inspect", "-f", "{{.Id}}", "dk"])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    d.docker(&["exec", "dk", "sh", "-c", "echo kept > /marker"])
+        .ok();
+    let belayer = |args: &[&str]| {
+        let mut cmd =
+            std::process::Command::new(belayer_integration::prereq::bin_dir().join("belayer"));
+        cmd.arg("--address")
+            .arg(&c.sock)
+            .args(["--namespace", "moby"])
+            .args(args)
+            .env("BELAYER_STORE", &c.store);
+        belayer_integration::containerd::run(&mut cmd, None, std::time::Duration::from_secs(120))
+    };
+    let cp = belayer(&["checkpoint", &id]).ok().stdout.trim().to_string();
+    d.docker(&["exec", "dk", "sh", "-c", "rm /marker"]).ok();
+    belayer(&["restore", &id, "--checkpoint", &cp]).ok();
+    assert_eq!(
+        d.docker(&["inspect", "-f", "{{.State.Status}}", "dk"])
+            .stdout
+            .trim(),
+        "running"
+    );
+    assert_eq!(
+        d.docker(&["exec", "dk", "cat", "/marker"]).stdout,
+        "kept\n",
+        "docker exec after a restore"
+    );
+    let counter = d.docker(&["exec", "dk", "cat", "/c"]).stdout;
+    let numbers: Vec<u64> = counter.lines().filter_map(|l| l.parse().ok()).collect();
+    assert!(
+        belayer_integration::episode::is_contiguous(&numbers),
+        "counter and process disagree"
+    );
+    d.docker(&["rm", "-f", "dk"]).ok();
+    let left = belayer_integration::leaks::mounts_under(std::path::Path::new("/"))
+        .into_iter()
+        .filter(|m| m.contains(&id))
+        .collect::<Vec<_>>();
+    assert!(left.is_empty(), "mounts left: {left:?}");
+}
