@@ -19,6 +19,9 @@ use crate::error::{Error, Result, io};
 use crate::stdio::ProcessIo;
 use crate::task::Inner;
 
+/// A checkpoint whose filesystem chain grows past this many layers is compacted into one.
+pub const COMPACT_CHAIN_AT: usize = 16;
+
 /// Marks a container busy with a checkpoint or restore for as long as it lives.
 pub struct Busy(Arc<std::sync::atomic::AtomicBool>);
 
@@ -71,7 +74,7 @@ impl From<criu_bridge::store::StoreError> for Error {
         use criu_bridge::store::StoreError as S;
         match &e {
             S::NotFound { .. } => Error::CheckpointNotFound(chain(&e)),
-            S::InChain { .. } => Error::FailedPrecondition(chain(&e)),
+            S::InChain { .. } | S::UsedAsLower { .. } => Error::FailedPrecondition(chain(&e)),
             S::InProgress { .. } => Error::InProgress(chain(&e)),
             S::DiskFull { .. } => Error::DiskFull(chain(&e)),
             S::Format(_) => Error::Corrupt(chain(&e)),
@@ -184,7 +187,28 @@ impl Inner {
         }
         let position = c.journal.completed();
         c.journal.checkpointed(cp.manifest.seq, position);
-        Ok(CheckpointInfo::from(&cp))
+        let info = CheckpointInfo::from(&cp);
+        // Long chains cost lookups and approach overlay's lower-dir limit: fold this one into a
+        // single layer, in the background, unless the mounted rootfs stacks on its layer.
+        if cp.manifest.fs_chain.len() > COMPACT_CHAIN_AT
+            && !c.mount_chain.contains(&cp.manifest.seq)
+        {
+            let (store, ns, cid, seq) = (
+                self.store(),
+                self.namespace.clone(),
+                id.to_string(),
+                cp.manifest.seq,
+            );
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = store.compact(&ns, &cid, seq) {
+                    log::warn!(
+                        "container {cid}: compacting checkpoint {seq}: {}",
+                        chain(&e)
+                    );
+                }
+            });
+        }
+        Ok(info)
     }
 
     pub fn list_checkpoints(&self, id: &str) -> Result<Vec<CheckpointInfo>> {
