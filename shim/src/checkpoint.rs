@@ -26,6 +26,15 @@ pub const COMPACT_CHAIN_AT: usize = 16;
 pub struct Busy(Arc<std::sync::atomic::AtomicBool>);
 
 impl Busy {
+    /// Marks `shared` busy, failing at once if it is busy or locked (a checkpoint or restore in
+    /// its frozen window holds the lock).
+    pub fn now(shared: &tokio::sync::Mutex<Container>, id: &str) -> Result<Self> {
+        let c = shared
+            .try_lock()
+            .map_err(|_| Error::InProgress(id.to_string()))?;
+        Self::take(&c)
+    }
+
     pub fn take(c: &Container) -> Result<Self> {
         if c.busy.swap(true, Ordering::AcqRel) {
             return Err(Error::InProgress(c.id.clone()));
@@ -110,11 +119,7 @@ impl Inner {
     /// restore already running is an error, not a wait.
     pub async fn checkpoint(self: &Arc<Self>, id: &str, exit: bool) -> Result<CheckpointInfo> {
         let shared = self.get(id)?;
-        let _busy = Busy::take(
-            &*shared
-                .try_lock()
-                .map_err(|_| Error::InProgress(id.to_string()))?,
-        )?;
+        let _busy = Busy::now(&shared, id)?;
         let c = shared.lock().await;
         self.checkpoint_locked(c, id, exit).await
     }
@@ -390,11 +395,7 @@ impl Inner {
     pub async fn restore(self: &Arc<Self>, id: &str, seq: Option<u64>) -> Result<RestoreInfo> {
         let started = Instant::now();
         let shared = self.get(id)?;
-        let _busy = Busy::take(
-            &*shared
-                .try_lock()
-                .map_err(|_| Error::InProgress(id.to_string()))?,
-        )?;
+        let _busy = Busy::now(&shared, id)?;
         let mut c = shared.lock().await;
         if c.init.paths.terminal {
             return Err(Error::Unimplemented(format!(
