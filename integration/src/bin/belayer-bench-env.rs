@@ -55,6 +55,8 @@ fn main() -> ExitCode {
 /// Runs every measurement `args.runs` times and reports; `Ok(false)` when a check failed.
 fn bench(args: &Args) -> Result<bool, String> {
     let started = Instant::now();
+    // Read before measuring: the tree (and its git HEAD) may move while the benchmark runs.
+    let mut context = context(args);
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("create {}: {e}", args.out.display()))?;
     eprintln!(
@@ -99,7 +101,8 @@ fn bench(args: &Args) -> Result<bool, String> {
     drop(pd);
     drop(c);
 
-    let context = context(args, podman_version, started.elapsed().as_secs_f64());
+    context["podman"] = json!(podman_version);
+    context["wall_s"] = json!(started.elapsed().as_secs_f64());
     let table = report::table(&samples, &checks, &podman_status, args.runs);
     let reproduce = format!("sudo {}", context["command"].as_str().unwrap_or_default());
     let results = report::results(&samples, &checks, &podman_status, context, belayer_info);
@@ -159,7 +162,7 @@ fn version(program: &str, args: &[&str]) -> String {
 }
 
 /// What ran where, and the command that reproduces it.
-fn context(args: &Args, podman: Option<String>, wall_s: f64) -> Value {
+fn context(args: &Args) -> Value {
     // /proc/self/exe reads "… (deleted)" once a rebuild replaced the file.
     let exe = std::env::current_exe()
         .map(|e| {
@@ -191,13 +194,11 @@ fn context(args: &Args, podman: Option<String>, wall_s: f64) -> Value {
         "holder_mb": args.holder_mb,
         "forks": belayer::FORKS,
         "image": SANDBOX,
-        "wall_s": wall_s,
         "kernel": version("uname", &["-r"]),
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "containerd": version("containerd", &["--version"]),
         "runc": version("runc", &["--version"]),
         "criu": version("criu", &["--version"]),
-        "podman": podman,
         "git": git,
         "bin_dir": bin_dir,
     })
