@@ -56,7 +56,7 @@ pub fn plot(s: &Samples, title: &str) -> String {
             l = escape(label),
             h = ROW - 8.0,
             c = colour(key),
-            vx = LABEL + w + 6.0,
+            vx = LABEL + s.get(key).iter().fold(w, |m, v| m.max(v * scale)) + 8.0,
         ));
         for v in s.get(key) {
             svg.push_str(&format!(
