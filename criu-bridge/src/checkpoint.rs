@@ -174,6 +174,17 @@ fn micros(since: Instant) -> u64 {
 /// capture comes before the dump (both inside the frozen window, so the same instant): a failed
 /// capture then leaves the container running instead of lost.
 pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, CheckpointError> {
+    checkpoint_container_with(req, &mut || {})
+}
+
+/// [`checkpoint_container`], calling `thawed` as soon as the container runs again (or, in exit
+/// mode, once its processes are gone and its layer is captured): what follows — hashing,
+/// manifest, fsync, rename — no longer involves the container, so a caller can let its users at
+/// it again while the checkpoint is written.
+pub fn checkpoint_container_with(
+    req: &CheckpointRequest<'_>,
+    thawed: &mut dyn FnMut(),
+) -> Result<Checkpoint, CheckpointError> {
     let start = Instant::now();
     let id = req.id;
     crate::criu::check_criu_with(&*req.runc.spawner, &req.runc.criu)?;
@@ -222,6 +233,7 @@ pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, C
         state.status == "running",
         &mut t,
     )?;
+    thawed();
 
     pending
         .write_index(&index)

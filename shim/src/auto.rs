@@ -195,7 +195,10 @@ impl Inner {
         let started = Instant::now();
         match self.checkpoint_when_free(id).await {
             Ok(info) => {
-                let seconds = started.elapsed().as_secs_f64();
+                // What the agent can wait for is the frozen window; the write that follows runs
+                // beside its actions.
+                let frozen = info.timings["frozen_us"].as_f64().map(|us| us / 1e6);
+                let seconds = frozen.unwrap_or_else(|| started.elapsed().as_secs_f64());
                 info!(
                     "container {id}: automatic checkpoint {} ({decision:?}) in {seconds:.2}s",
                     info.id

@@ -121,7 +121,7 @@ impl Inner {
         let shared = self.get(id)?;
         let _busy = Busy::now(&shared, id)?;
         let c = shared.lock().await;
-        self.checkpoint_locked(c, id, exit).await
+        self.checkpoint_locked(&shared, c, id, exit).await
     }
 
     /// Checkpoints container `id` once its lock is free (an exit being recorded, an exec
@@ -130,12 +130,13 @@ impl Inner {
         let shared = self.get(id)?;
         let c = shared.lock().await;
         let _busy = Busy::take(&c)?;
-        self.checkpoint_locked(c, id, false).await
+        self.checkpoint_locked(&shared, c, id, false).await
     }
 
     async fn checkpoint_locked(
         self: &Arc<Self>,
-        mut c: tokio::sync::MutexGuard<'_, Container>,
+        shared: &tokio::sync::Mutex<Container>,
+        c: tokio::sync::MutexGuard<'_, Container>,
         id: &str,
         exit: bool,
     ) -> Result<CheckpointInfo> {
@@ -144,6 +145,7 @@ impl Inner {
                 "container {id} is not running"
             )));
         }
+        let mut c = c;
         let mut fs = c.fs_state()?;
         // Retention may have compacted the parent since (its chain is now just itself).
         if let Some(p) = fs
@@ -157,6 +159,7 @@ impl Inner {
                     .load(&self.namespace, id, p.manifest.seq)?,
             );
         }
+        let position = c.journal.completed();
         let (runc, store, ns, cid, bundle) = (
             self.bridge_runc(),
             self.settings.store(),
@@ -165,32 +168,47 @@ impl Inner {
             c.bundle.clone(),
         );
         let started = Instant::now();
-        let cp = tokio::task::spawn_blocking(move || {
-            criu_bridge::checkpoint_container(&criu_bridge::CheckpointRequest {
-                runc: &runc,
-                store: &store,
-                namespace: &ns,
-                id: &cid,
-                bundle: &bundle,
-                upper_dir: &fs.upper,
-                image_lowers: &fs.image_lowers,
-                parent: fs.parent.as_ref(),
-                leave_running: !exit,
-                criu: CriuOptions::default(),
-            })
+        let (thawed_tx, thawed_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::task::spawn_blocking(move || {
+            let mut thawed_tx = Some(thawed_tx);
+            criu_bridge::checkpoint_container_with(
+                &criu_bridge::CheckpointRequest {
+                    runc: &runc,
+                    store: &store,
+                    namespace: &ns,
+                    id: &cid,
+                    bundle: &bundle,
+                    upper_dir: &fs.upper,
+                    image_lowers: &fs.image_lowers,
+                    parent: fs.parent.as_ref(),
+                    leave_running: !exit,
+                    criu: CriuOptions::default(),
+                },
+                &mut || {
+                    if let Some(tx) = thawed_tx.take() {
+                        let _ = tx.send(());
+                    }
+                },
+            )
             .map_err(Error::from)
-        })
-        .await
-        .map_err(|e| Error::Checkpoint(format!("checkpoint task: {e}")))??;
+        });
+        // The container is ours until it runs again; hashing and writing the checkpoint do not
+        // need it, so execs go on meanwhile (the busy flag still keeps other checkpoints out).
+        let _ = thawed_rx.await;
+        let frozen = started.elapsed();
+        drop(c);
+        let cp = task
+            .await
+            .map_err(|e| Error::Checkpoint(format!("checkpoint task: {e}")))??;
         info!(
-            "container {id} checkpoint {} taken in {:?}",
+            "container {id} checkpoint {} taken in {:?} (container held {frozen:?})",
             cp.manifest.seq,
             started.elapsed()
         );
+        let mut c = shared.lock().await;
         if let Some(fs) = c.fs.as_mut() {
             fs.parent = Some(cp.clone());
         }
-        let position = c.journal.completed();
         c.journal.checkpointed(cp.manifest.seq, position);
         let info = CheckpointInfo::from(&cp);
         // Long chains cost lookups and approach overlay's lower-dir limit: fold this one into a
