@@ -272,7 +272,7 @@ impl Inner {
         Ok(())
     }
 
-    /// Loads and fully verifies a checkpoint (every file's sha256) before anything is touched.
+    /// Loads and verifies a checkpoint (sha256 of every file) before anything is touched.
     async fn load_verified(
         &self,
         namespace: &str,
@@ -293,7 +293,9 @@ impl Inner {
                     Error::CheckpointNotFound(format!("container {cid} has no checkpoints"))
                 })?,
             };
-            criu_bridge::verify(&store, &cp, criu_bridge::store::VerifyLevel::Full)?;
+            // Stamped: every file whose inode, size or ctime moved since it was last hashed is hashed
+            // again (any write moves ctime), the rest is trusted; Full re-reads everything.
+            criu_bridge::verify(&store, &cp, criu_bridge::store::VerifyLevel::Stamped)?;
             criu_bridge::criu::check_criu_with(&crate::reaper::ReaperSpawner, &criu)
                 .map_err(|e| Error::FailedPrecondition(chain(&e)))?;
             Ok(cp)

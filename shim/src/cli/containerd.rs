@@ -160,26 +160,76 @@ impl Containerd {
         while ids.len() < count as usize {
             n += 1;
             let id = format!("{source}-fork{seq}-{n}");
-            if existing.contains(&id) {
-                continue;
+            if !existing.contains(&id) {
+                ids.push(id);
             }
-            let fork = fork_record(&orig, &id, seq, self.restore_annotation(source, seq))?;
+        }
+        let mut created = Vec::new();
+        for id in &ids {
+            let fork = fork_record(&orig, id, seq, self.restore_annotation(source, seq))?;
             let req = CreateContainerRequest {
                 container: Some(fork),
             };
-            self.rt
+            if let Err(s) = self
+                .rt
                 .block_on(containers.create(with_namespace!(req, ns)))
-                .map_err(|s| format!("create container {id}: {}", s.message()))?;
-            if let Err(e) = self.create_restored_task(&id) {
-                let req = DeleteContainerRequest { id: id.clone() };
-                let _ = self
-                    .rt
-                    .block_on(containers.delete(with_namespace!(req, ns)));
-                return Err(e);
+            {
+                self.remove_forks(&created);
+                return Err(format!("create container {id}: {}", s.message()));
             }
-            ids.push(id);
+            created.push(id.clone());
+        }
+        // The forks restore side by side: each task's shim verifies, mounts and restores on its own.
+        let results: Vec<Result<u32, String>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ids
+                .iter()
+                .map(|id| {
+                    scope.spawn(move || {
+                        Containerd::new(&self.address, &self.namespace).create_restored_task(id)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err("fork thread panicked".into()))
+                })
+                .collect()
+        });
+        if let Some(Err(e)) = results.into_iter().find(Result::is_err) {
+            self.remove_forks(&ids);
+            return Err(e);
         }
         Ok(ids)
+    }
+}
+
+impl Containerd {
+    /// Removes forks that could not all be started: their tasks, then their records.
+    fn remove_forks(&self, ids: &[String]) {
+        let (Ok(channel), ns) = (self.channel(), self.namespace.as_str()) else {
+            return;
+        };
+        let mut tasks = TasksClient::new(channel.clone());
+        let mut containers = ContainersClient::new(channel);
+        for id in ids {
+            let kill = containerd_client::services::v1::KillRequest {
+                container_id: id.clone(),
+                signal: 9,
+                all: true,
+                ..Default::default()
+            };
+            let _ = self.rt.block_on(tasks.kill(with_namespace!(kill, ns)));
+            let req = DeleteTaskRequest {
+                container_id: id.clone(),
+            };
+            let _ = self.rt.block_on(tasks.delete(with_namespace!(req, ns)));
+            let req = DeleteContainerRequest { id: id.clone() };
+            let _ = self
+                .rt
+                .block_on(containers.delete(with_namespace!(req, ns)));
+        }
     }
 }
 
