@@ -11,7 +11,9 @@ pub mod store;
 mod sys;
 pub mod tree;
 
-pub use checkpoint::{CheckpointError, CheckpointRequest, checkpoint_container, checkpoint_container_with};
+pub use checkpoint::{
+    CheckpointError, CheckpointRequest, checkpoint_container, checkpoint_container_with,
+};
 pub use restore::{
     RestoreError, RestoreReport, RestoreRequest, mount_rootfs, restore_processes, rootfs_lowers,
     verify,

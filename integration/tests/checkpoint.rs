@@ -258,3 +258,43 @@ fn containerd_checkpoint_carries_processes_and_filesystem() {
     remove(&c, "fromctr");
     remove(&c, "viactr");
 }
+
+#[test]
+fn journal_rewind_and_replay() {
+    let c = Containerd::start(Flavor::V2);
+    let ann = ["--annotation", "io.belayer.policy=replay"];
+    let mut args = vec!["run", "-d", "--runtime", BELAYER];
+    args.extend(ann);
+    args.extend([BUSYBOX, "replay", "sleep", "1000"]);
+    c.ctr(&args).ok();
+    let s = Sandbox::attach(&c, "replay");
+    assert_eq!(s.exec("echo one >> /log", None).code, 0);
+    let cp = checkpoint(&c, "replay");
+    assert_eq!(s.exec("test ! -e /flag && echo two >> /log", None).code, 0);
+    assert_eq!(s.exec("touch /flag && echo three >> /log", None).code, 0);
+    let journal = c.belayer(&["journal", "replay"]).ok().stdout;
+    assert_eq!(journal.lines().count(), 3, "{journal}");
+    let out = c.belayer(&["restore", "replay", "--checkpoint", &cp]).ok();
+    assert_eq!(out.code, 0);
+    let status: serde_json::Value =
+        serde_json::from_str(&c.belayer(&["status", "replay"]).ok().stdout).unwrap();
+    let p = &status["position"];
+    assert_eq!(
+        p["reflects"],
+        format!("checkpoint {cp}, taken after action 1"),
+        "{status}"
+    );
+    assert_eq!(
+        (
+            p["policy"].as_str(),
+            p["replayed"].as_u64(),
+            p["action"].as_u64()
+        ),
+        (Some("replay"), Some(2), Some(3)),
+        "{status}"
+    );
+    assert_eq!(p["mismatches"], serde_json::json!([]), "{status}");
+    // The replayed actions ran again, in order, on the restored state.
+    assert_eq!(s.exec("cat /log", None).stdout, "one\ntwo\nthree\n");
+    remove(&c, "replay");
+}
