@@ -83,21 +83,7 @@ pub struct Recovery {
 /// Resident memory of `pid`'s cgroup, the best cheap proxy for what CRIU must write (this kernel
 /// has no dirty-page tracking).
 fn footprint(pid: u32) -> Footprint {
-    let rss = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .ok()
-        .and_then(|cg| {
-            let path = cg.lines().find_map(|l| {
-                let mut p = l.splitn(3, ':');
-                let (_, subs, path) = (p.next()?, p.next()?, p.next()?);
-                subs.split(',')
-                    .any(|s| s == "memory")
-                    .then(|| path.to_string())
-            })?;
-            std::fs::read_to_string(format!("/sys/fs/cgroup/memory{path}/memory.usage_in_bytes"))
-                .ok()
-        })
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0);
+    let rss = crate::cgroup::memory_usage(pid);
     Footprint {
         dirty_bytes: rss,
         resident_bytes: rss,

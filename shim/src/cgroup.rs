@@ -219,7 +219,8 @@ fn collect_v1(pid: u32) -> Result<v1::Metrics> {
     Ok(m)
 }
 
-fn collect_v2(pid: u32) -> Result<v2::Metrics> {
+/// The directory of `pid`'s cgroup on a unified (v2) host.
+fn v2_dir(pid: u32) -> Result<PathBuf> {
     let cg = fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map_err(io(format!("read /proc/{pid}/cgroup")))?;
     let rel = cg
@@ -227,7 +228,22 @@ fn collect_v2(pid: u32) -> Result<v2::Metrics> {
         .find_map(|l| l.strip_prefix("0::"))
         .unwrap_or("/")
         .trim_start_matches('/');
-    let d = Path::new("/sys/fs/cgroup").join(rel);
+    Ok(Path::new("/sys/fs/cgroup").join(rel))
+}
+
+/// Memory the cgroup of `pid` uses now, in bytes (0 when unknown).
+pub fn memory_usage(pid: u32) -> u64 {
+    if is_unified() {
+        v2_dir(pid)
+            .map(|d| num(&d.join("memory.current")))
+            .unwrap_or(0)
+    } else {
+        v1_dir(pid, "memory", &v1_mounts()).map_or(0, |d| num(&d.join("memory.usage_in_bytes")))
+    }
+}
+
+fn collect_v2(pid: u32) -> Result<v2::Metrics> {
+    let d = v2_dir(pid)?;
     let mut m = v2::Metrics::new();
     m.pids = MessageField::some(v2::PidsStat {
         current: num(&d.join("pids.current")),
