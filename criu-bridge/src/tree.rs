@@ -50,7 +50,9 @@ pub fn snapshot_tree(root: &Path) -> io::Result<TreeSnapshot> {
 
 fn walk(root: &Path, rel: &Path, out: &mut TreeSnapshot) -> io::Result<()> {
     let path = root.join(rel);
-    let m = fs::symlink_metadata(&path)?;
+    // Errors name the node they happened on.
+    let at = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", path.display()));
+    let m = fs::symlink_metadata(&path).map_err(at)?;
     let ft = m.file_type();
     let kind = match () {
         _ if ft.is_dir() => 'd',
@@ -62,18 +64,18 @@ fn walk(root: &Path, rel: &Path, out: &mut TreeSnapshot) -> io::Result<()> {
         _ => 'b',
     };
     let digest = match kind {
-        'f' => Some(hash_file(&path)?),
+        'f' => Some(hash_file(&path).map_err(at)?),
         'l' => Some(hex(&Sha256::digest(
-            fs::read_link(&path)?.as_os_str().as_bytes(),
+            fs::read_link(&path).map_err(at)?.as_os_str().as_bytes(),
         ))),
         _ => None,
     };
     let mut xattrs = BTreeMap::new();
-    for name in crate::sys::llistxattr(&path)? {
+    for name in crate::sys::llistxattr(&path).map_err(at)? {
         if name.as_bytes().starts_with(b"trusted.overlay.") {
             continue;
         }
-        if let Some(v) = crate::sys::lgetxattr(&path, &name)? {
+        if let Some(v) = crate::sys::lgetxattr(&path, &name).map_err(at)? {
             xattrs.insert(name.to_string_lossy().into_owned(), hex(&v));
         }
     }
@@ -98,8 +100,8 @@ fn walk(root: &Path, rel: &Path, out: &mut TreeSnapshot) -> io::Result<()> {
         },
     );
     if kind == 'd' {
-        for e in fs::read_dir(&path)? {
-            walk(root, &rel.join(e?.file_name()), out)?;
+        for e in fs::read_dir(&path).map_err(at)? {
+            walk(root, &rel.join(e.map_err(at)?.file_name()), out)?;
         }
     }
     Ok(())

@@ -190,7 +190,12 @@ fn capture_chain_of_three_and_compaction_match_the_merged_view() {
 
     // Compacting a prefix and stacking the rest on top is equivalent too.
     let c12 = base.join("C12");
-    compact_layers(&[c1.layer.clone(), c2.layer.clone()], &[], &c12).unwrap();
+    compact_layers(
+        &[c1.layer.clone(), c2.layer.clone()],
+        std::slice::from_ref(&lower),
+        &c12,
+    )
+    .unwrap();
     check_chain(base, "rc12", &[&c3.layer, &c12], &lower, &c3.tree);
 }
 
@@ -260,4 +265,53 @@ fn chains_past_the_page_limit_mount_through_the_new_mount_api() {
         "newest layer must win"
     );
     assert_eq!(std::fs::read_dir(&merged).unwrap().count(), 121);
+}
+
+/// A whiteout in a directory that is not merged at mount time shows up in readdir as a name that
+/// cannot be looked up. Compaction keeps whiteouts only where they hide something: the image has
+/// the path and no opaque directory above it in the result hides it already. (Capture writes such
+/// a whiteout when `rm -rf d; mkdir d` reuses the inode of an upper-only `d`.)
+#[test]
+fn compaction_drops_whiteouts_that_hide_nothing() {
+    require_root();
+    require_tool("setfattr");
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    let lower = base.join("lower");
+    std::fs::create_dir_all(&lower).unwrap();
+    sh(
+        &lower,
+        "mkdir -p img/sub; echo i > img/sub/x; echo i > img/y",
+    );
+    // L1: a new dir `new` with a file; `img` replaced by an opaque dir that has `y` again.
+    let l1 = base.join("L1");
+    std::fs::create_dir_all(&l1).unwrap();
+    sh(
+        &l1,
+        "mkdir -p new img; echo a > new/x; echo b > img/y; setfattr -n trusted.overlay.opaque -v y img",
+    );
+    // L2: whiteouts for new/x (nothing below has it) and img/y (hidden by the opaque dir).
+    let l2 = base.join("L2");
+    std::fs::create_dir_all(&l2).unwrap();
+    sh(
+        &l2,
+        "mkdir -p new img; mknod new/x c 0 0; mknod img/y c 0 0",
+    );
+
+    let (g, _u, merged) = mount_fresh(base, "chain", &[l2.clone(), l1.clone(), lower.clone()]);
+    let expected = snapshot_tree(&merged).unwrap();
+    drop(g);
+    assert!(!expected.contains_key("new/x") && !expected.contains_key("img/y"));
+
+    let c = base.join("C");
+    compact_layers(&[l1, l2], std::slice::from_ref(&lower), &c).unwrap();
+    assert!(
+        std::fs::symlink_metadata(c.join("new/x")).is_err(),
+        "whiteout kept in a directory the image does not have"
+    );
+    assert!(
+        std::fs::symlink_metadata(c.join("img/y")).is_err(),
+        "whiteout kept below an opaque directory"
+    );
+    check_chain(base, "compacted", &[&c], &lower, &expected);
 }

@@ -44,8 +44,11 @@ impl From<CopyError> for CompactError {
 }
 
 /// Merges `layers` (oldest first) into the new layer dir `out`, which, mounted over the image
-/// lower dirs, shows the same tree as the whole chain. Whiteouts are kept where some image lower
-/// dir still has the path (all of them when `image_lowers` is empty).
+/// lower dirs, shows the same tree as the whole chain. `image_lowers` is everything that lies
+/// below the oldest layer (empty: nothing). A whiteout is kept only where it hides something: some
+/// image lower dir has the path and no opaque directory above it in the result hides it anyway.
+/// (A whiteout in a directory that is not merged at mount time is listed by readdir as a name
+/// that cannot be looked up.)
 ///
 /// Link counts: a hardlinked file whose partner a later layer replaced shows its real link count
 /// in the compacted layer, where the chain showed the count of the older layer's inode.
@@ -68,7 +71,7 @@ pub fn compact_layers(
         copier.reset_links();
         let meta = read_meta(layer)?;
         copier.update_dir(layer, out, &meta)?;
-        apply_dir(layer, out, Path::new(""), image_lowers, &mut copier)?;
+        apply_dir(layer, out, Path::new(""), image_lowers, false, &mut copier)?;
     }
     copier.finish()?;
     Ok(start.elapsed())
@@ -86,6 +89,7 @@ fn apply_dir(
     out: &Path,
     rel: &Path,
     image: &[PathBuf],
+    hidden_below: bool,
     copier: &mut Copier,
 ) -> Result<(), CompactError> {
     let dir = layer.join(rel);
@@ -106,8 +110,8 @@ fn apply_dir(
         let meta = read_meta(&src)?;
         if copy::is_whiteout(&meta) {
             copy::remove_any(&dst)?;
-            if image.is_empty()
-                || image
+            if !hidden_below
+                && image
                     .iter()
                     .any(|l| fs::symlink_metadata(l.join(&child)).is_ok())
             {
@@ -129,7 +133,8 @@ fn apply_dir(
             } else {
                 copier.copy_node(&src, &dst, &meta)?;
             }
-            apply_dir(layer, out, &child, image, copier)?;
+            let hidden = hidden_below || copy::is_opaque(&dst)?;
+            apply_dir(layer, out, &child, image, hidden, copier)?;
         } else {
             copy::remove_any(&dst)?;
             copier.copy_node(&src, &dst, &meta)?;
