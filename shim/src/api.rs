@@ -160,4 +160,39 @@ pub struct Status {
     /// Where the journal stands after the last restore.
     pub position: Option<crate::auto::Position>,
     pub recoveries: Vec<crate::auto::Recovery>,
+    /// Hints this container's control socket took (from `belayer hint` or `belayer gateway`).
+    #[serde(default)]
+    pub hints: HintStats,
+}
+
+/// What the control socket saw of a container's hints since its shim started serving it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HintStats {
+    /// Hints accepted.
+    pub received: u64,
+    /// The last hint accepted (`llm-start` or `llm-end`) and when.
+    pub last: Option<String>,
+    pub last_unix_ms: Option<u64>,
+    /// The last `llm-start`'s expectation.
+    pub last_expected_ms: Option<u64>,
+    pub last_expected_tokens: Option<u64>,
+    /// An `llm-start` came and no `llm-end` since.
+    pub llm_in_flight: bool,
+}
+
+impl HintStats {
+    /// Counts an accepted hint.
+    pub fn record(&mut self, hint: &HintRequest) {
+        self.received += 1;
+        self.last = Some(hint.hint.clone());
+        self.last_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| d.as_millis() as u64);
+        self.llm_in_flight = hint.hint == "llm-start";
+        if self.llm_in_flight {
+            self.last_expected_ms = hint.expected_ms;
+            self.last_expected_tokens = hint.expected_tokens;
+        }
+    }
 }

@@ -382,6 +382,8 @@ impl Inner {
             actions: c.journal.completed(),
             position: c.position.clone(),
             recoveries: c.recoveries.clone(),
+            // The control socket, which takes the hints, fills these in.
+            hints: Default::default(),
         })
     }
 

@@ -2,7 +2,7 @@
 //! HTTP/1.1 with JSON bodies, one request per connection.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use log::warn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -26,14 +26,15 @@ pub async fn serve(inner: Arc<Inner>, id: &str) -> Result<()> {
     let listener = UnixListener::bind(&path).map_err(io(format!("bind {}", path.display())))?;
     set_mode(&path, 0o600)?;
     let id = id.to_string();
+    let hints = Arc::new(Mutex::new(api::HintStats::default()));
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 break;
             };
-            let (inner, id) = (inner.clone(), id.clone());
+            let (inner, id, hints) = (inner.clone(), id.clone(), hints.clone());
             tokio::spawn(async move {
-                if let Err(e) = handle(inner, &id, stream).await {
+                if let Err(e) = handle(inner, &id, &hints, stream).await {
                     warn!("control socket of {id}: {e}");
                 }
             });
@@ -111,7 +112,15 @@ async fn read_request(stream: &mut UnixStream) -> std::io::Result<Request> {
     Ok(Request { method, path, body })
 }
 
-async fn handle(inner: Arc<Inner>, id: &str, mut stream: UnixStream) -> std::io::Result<()> {
+/// Hint statistics of one container's socket, for `status`.
+type Hints = Mutex<api::HintStats>;
+
+async fn handle(
+    inner: Arc<Inner>,
+    id: &str,
+    hints: &Hints,
+    mut stream: UnixStream,
+) -> std::io::Result<()> {
     let root = stream.peer_cred().map(|c| c.uid() == 0).unwrap_or(false);
     let (status, body) = if !root {
         (
@@ -122,7 +131,7 @@ async fn handle(inner: Arc<Inner>, id: &str, mut stream: UnixStream) -> std::io:
         )
     } else {
         match read_request(&mut stream).await {
-            Ok(req) => match route(&inner, id, &req).await {
+            Ok(req) => match route(&inner, id, hints, &req).await {
                 Ok(v) => (200, serde_json::to_vec(&v)?),
                 Err(e) => (
                     e.http_status(),
@@ -174,7 +183,12 @@ fn body<T: serde::de::DeserializeOwned + Default>(req: &Request) -> Result<T> {
         .map_err(|e| Error::InvalidArgument(format!("invalid request body: {e}")))
 }
 
-async fn route(inner: &Arc<Inner>, id: &str, req: &Request) -> Result<serde_json::Value> {
+async fn route(
+    inner: &Arc<Inner>,
+    id: &str,
+    hints: &Hints,
+    req: &Request,
+) -> Result<serde_json::Value> {
     let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     let json = |v: &dyn erased::Ser| v.value();
     match (req.method.as_str(), parts.as_slice()) {
@@ -201,10 +215,13 @@ async fn route(inner: &Arc<Inner>, id: &str, req: &Request) -> Result<serde_json
         ("POST", ["v1", "containers", c, "hint"]) if *c == id => {
             let r: api::HintRequest = body(req)?;
             inner.hint(id, r.to_hint()?)?;
+            hints.lock().unwrap_or_else(|e| e.into_inner()).record(&r);
             Ok(serde_json::json!({}))
         }
         ("GET", ["v1", "containers", c, "status"]) if *c == id => {
-            Ok(json(&inner.status(id).await?))
+            let mut status = inner.status(id).await?;
+            status.hints = hints.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            Ok(json(&status))
         }
         ("GET", ["v1", "containers", c, "journal"]) if *c == id => {
             Ok(json(&inner.journal(id).await?))

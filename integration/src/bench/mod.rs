@@ -7,6 +7,7 @@ pub mod belayer;
 pub mod check;
 pub mod control;
 pub mod ctrd;
+pub mod openai;
 pub mod podman;
 pub mod report;
 pub mod stats;

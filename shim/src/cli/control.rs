@@ -3,12 +3,15 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::api;
 
 pub struct Control {
     container: String,
     socket: PathBuf,
+    /// Limit on each read and write of a call; none by default (a checkpoint takes its time).
+    timeout: Option<Duration>,
 }
 
 impl Control {
@@ -16,7 +19,14 @@ impl Control {
         Self {
             container: container.to_string(),
             socket: api::socket_path(namespace, container),
+            timeout: None,
         }
+    }
+
+    /// Gives up on a call whose socket stays silent for `timeout` (per read or write).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
     }
 
     /// Whether a shim serves this container (a socket left by a dead shim refuses connections).
@@ -53,6 +63,9 @@ impl Control {
                 self.socket.display()
             )
         })?;
+        s.set_read_timeout(self.timeout)
+            .and_then(|_| s.set_write_timeout(self.timeout))
+            .map_err(|e| format!("control socket: {e}"))?;
         let head = format!(
             "{method} /v1/containers/{}/{path} HTTP/1.1\r\nHost: belayer\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
             self.container,

@@ -4,6 +4,7 @@
 
 pub mod containerd;
 pub mod control;
+pub mod gateway;
 
 use std::path::PathBuf;
 
@@ -89,6 +90,20 @@ pub enum Command {
     },
     /// Show a container's Belayer state as JSON: policy, checkpoints, journal position, recoveries.
     Status { container: String },
+    /// Serve an HTTP pass-through to an OpenAI-compatible LLM server that sends each mapped
+    /// request's container `llm-start`/`llm-end` hints (README, "LLM gateway").
+    Gateway {
+        /// Address to listen on (`127.0.0.1:0`: any free port; the first stdout line says which).
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// The LLM server, `http://HOST:PORT[/PREFIX]`.
+        #[arg(long)]
+        upstream: String,
+        /// KEY=CONTAINER: requests whose bearer token or JSON `user` field is KEY are for
+        /// CONTAINER (after the `X-Belayer-Container` header). Repeatable.
+        #[arg(long = "map", value_name = "KEY=CONTAINER", value_parser = gateway::parse_map)]
+        maps: Vec<(String, String)>,
+    },
     /// Print the action journal: one action a line.
     Journal {
         container: String,
@@ -183,6 +198,16 @@ pub fn run(cli: Cli) -> Result<(), String> {
             };
             ctl.call::<serde_json::Value>("POST", "hint", Some(&req))?;
         }
+        Command::Gateway {
+            listen,
+            upstream,
+            maps,
+        } => gateway::run(gateway::Config {
+            listen,
+            upstream,
+            maps,
+            namespace: ns.clone(),
+        })?,
         Command::Status { container } => {
             let ctl = ctl(&container).require(&containerd)?;
             let status: serde_json::Value = ctl.call("GET", "status", None::<&()>)?;
