@@ -62,7 +62,8 @@ class ErrorMappingTest(unittest.TestCase):
     def test_error_answer_without_json_names_the_status(self) -> None:
         with FakeShim() as shim:
             shim.answer("GET", "journal", 500, b"oops")
-            with self.assertRaisesRegex(belayer.ServerError, "GET /v1/containers/c1/journal: HTTP 500"):
+            expected = "GET /v1/containers/c1/journal: HTTP 500"
+            with self.assertRaisesRegex(belayer.ServerError, expected):
                 belayer.Sandbox("c1", socket_dir=shim.socket_dir).journal()
 
     def test_non_json_success_is_a_protocol_error(self) -> None:
@@ -74,7 +75,8 @@ class ErrorMappingTest(unittest.TestCase):
     def test_missing_field_is_a_protocol_error(self) -> None:
         data = support.checkpoint_json()
         del data["fs_chain"]
-        with self.assertRaisesRegex(belayer.ProtocolError, "CheckpointInfo: the answer lacks fs_chain"):
+        expected = "CheckpointInfo: the answer lacks fs_chain"
+        with self.assertRaisesRegex(belayer.ProtocolError, expected):
             belayer.CheckpointInfo.from_json(data)
 
 
@@ -148,7 +150,8 @@ class RequestsTest(unittest.TestCase):
         self.assertEqual(self.shim.seen, [])
 
     def test_restore_body_and_position(self) -> None:
-        self.shim.answer("POST", "restore", 200, support.restore_json(support.position_json("3", 5)))
+        answer = support.restore_json(support.position_json("3", 5))
+        self.shim.answer("POST", "restore", 200, answer)
         info = self.sb.restore()
         self.assertEqual(self.shim.seen[-1].body, {"checkpoint": None})
         self.assertIsInstance(info.position, belayer.Position)

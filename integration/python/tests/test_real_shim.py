@@ -71,9 +71,8 @@ class RealShimTest(unittest.TestCase):
     def exec(self, script: str, container: str | None = None) -> tuple[str, int, str]:
         """Runs ``sh -c script`` in the container; returns (exec id, exit code, stdout)."""
         exec_id = f"py{uuid.uuid4().hex[:10]}"
-        out = self.ctr(
-            "tasks", "exec", "--exec-id", exec_id, container or self.sb.container, "sh", "-c", script
-        )
+        target = container or self.sb.container
+        out = self.ctr("tasks", "exec", "--exec-id", exec_id, target, "sh", "-c", script)
         return exec_id, out.returncode, out.stdout
 
     def task_status(self, container: str) -> str:
@@ -87,7 +86,9 @@ class RealShimTest(unittest.TestCase):
         """Kills and deletes a container (a fork) and its task."""
         self.ctr("tasks", "kill", "-s", "9", container)
         deadline = time.monotonic() + 15
-        while self.task_status(container) not in ("STOPPED", "ABSENT") and time.monotonic() < deadline:
+        while self.task_status(container) not in ("STOPPED", "ABSENT"):
+            if time.monotonic() > deadline:
+                break
             time.sleep(0.1)
         self.ctr("tasks", "rm", "-f", container)
         out = self.ctr("containers", "rm", container)
