@@ -1,4 +1,6 @@
 //! `belayer-worker`: the reference rollout worker (a thin adapter over `gpu_broker::worker`).
+//! Batch mode runs `--requests N` synthetic prompts; `--serve PATH` answers clients on a Unix
+//! socket instead (JSON lines, `gpu_broker::worker::serve::protocol`) until fenced or killed.
 //! Exit codes: 0 done, 1 error, 3 broker restarted, 75 fenced (stale epoch).
 
 use std::path::PathBuf;
@@ -7,13 +9,16 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use gpu_broker::wire::Role;
 use gpu_broker::worker::jobs::{JobSpec, Mode};
+use gpu_broker::worker::serve::{ServeOptions, serve};
 use gpu_broker::worker::{Options, WorkerError, model_path, run};
 
 const USAGE: &str = "usage: belayer-worker --socket PATH [--role primary|shadow] [--model GGUF] \
 [--requests N] [--prompt-len N] [--max-new N] [--mode greedy|seeded|mixed] [--seed N] [--out FILE] \
-[--threads N] [--scribble-after STEPS] [--hang-after STEPS]";
+[--threads N] [--scribble-after STEPS] [--hang-after STEPS]
+       belayer-worker --socket PATH --serve SOCKET [--role primary|shadow] [--model GGUF] [--threads N] \
+[--max-batch N] [--max-seq N]";
 
-fn parse() -> Result<Options> {
+fn parse() -> Result<(Options, Option<ServeOptions>)> {
     let mut o = Options {
         socket: PathBuf::new(),
         model: model_path(),
@@ -30,6 +35,8 @@ fn parse() -> Result<Options> {
         scribble_after: None,
         hang_after: None,
     };
+    let mut serve_path: Option<PathBuf> = None;
+    let (mut max_batch, mut max_seq) = (16usize, 1024usize);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || {
@@ -62,6 +69,9 @@ fn parse() -> Result<Options> {
             "--threads" => o.threads = val()?.parse()?,
             "--scribble-after" => o.scribble_after = Some(val()?.parse()?),
             "--hang-after" => o.hang_after = Some(val()?.parse()?),
+            "--serve" => serve_path = Some(val()?.into()),
+            "--max-batch" => max_batch = val()?.parse()?,
+            "--max-seq" => max_seq = val()?.parse()?,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
@@ -72,7 +82,12 @@ fn parse() -> Result<Options> {
     if o.socket.as_os_str().is_empty() {
         bail!("--socket is required\n{USAGE}");
     }
-    Ok(o)
+    let serve = serve_path.map(|listen| ServeOptions {
+        listen,
+        max_batch: max_batch.max(1),
+        max_seq: max_seq.max(2),
+    });
+    Ok((o, serve))
 }
 
 fn main() -> ExitCode {
@@ -83,15 +98,19 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let opts = match parse() {
+    let (opts, serving) = match parse() {
         Ok(o) => o,
         Err(e) => {
             eprintln!("belayer-worker: {e:#}");
             return ExitCode::from(2);
         }
     };
-    match run(&opts) {
-        Ok(_) => ExitCode::SUCCESS,
+    let result = match &serving {
+        Some(so) => serve(&opts, so),
+        None => run(&opts).map(drop),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let code = match &e {
                 WorkerError::Fenced(_) => 75,

@@ -171,6 +171,24 @@ impl Engine {
     pub fn done(&self) -> bool {
         self.reqs.iter().all(Req::finished)
     }
+
+    /// Whether request `id` is in the engine.
+    pub fn contains(&self, id: u64) -> bool {
+        self.reqs.iter().any(|r| r.id == id)
+    }
+
+    /// Removes the finished requests and returns their pages to the pool (serving mode, where
+    /// requests come and go).
+    pub fn take_finished(&mut self) -> Vec<Req> {
+        let (done, live): (Vec<Req>, Vec<Req>) = std::mem::take(&mut self.reqs)
+            .into_iter()
+            .partition(Req::finished);
+        self.reqs = live;
+        for r in &done {
+            self.free.extend(r.table.iter().rev());
+        }
+        done
+    }
 }
 
 /// Initial RNG state of a new request.

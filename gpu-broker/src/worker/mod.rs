@@ -18,6 +18,7 @@ pub mod events;
 pub mod jobs;
 pub mod measure;
 mod run;
+pub mod serve;
 pub mod weights;
 
 pub use run::run;
@@ -63,6 +64,9 @@ pub enum WorkerError {
     /// KV pages ran out.
     #[error(transparent)]
     NoPages(#[from] engine::NoPages),
+    /// The serving socket cannot be bound.
+    #[error("cannot listen on {0}")]
+    Listen(String, #[source] std::io::Error),
     /// Writing results failed.
     #[error("cannot write results to {0}")]
     Results(String, #[source] std::io::Error),

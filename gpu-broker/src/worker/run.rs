@@ -19,14 +19,14 @@ use crate::model::kv::KvArena;
 use crate::model::llama::Llama;
 use crate::wire::Role;
 
-struct Session<'a> {
-    client: Client,
-    opts: &'a Options,
-    threads: usize,
+pub(super) struct Session<'a> {
+    pub(super) client: Client,
+    pub(super) opts: &'a Options,
+    pub(super) threads: usize,
 }
 
 impl Session<'_> {
-    fn b(&self, e: ClientError) -> WorkerError {
+    pub(super) fn b(&self, e: ClientError) -> WorkerError {
         broker_err(&self.client, self.opts, e)
     }
 
@@ -35,7 +35,7 @@ impl Session<'_> {
     }
 
     /// Shadow: map the published weights read-only and warm up, before any failure.
-    fn prepare_shadow(&self) -> Result<MappedWeights, WorkerError> {
+    pub(super) fn prepare_shadow(&self) -> Result<MappedWeights, WorkerError> {
         loop {
             let regions = self.manifest()?;
             if let Some(r) = weights::published(&regions) {
@@ -62,7 +62,7 @@ impl Session<'_> {
 
     /// Reuses the mapped (or published) weights when the grant says they passed the health
     /// checks; cold loads otherwise. Returns the weights, the manifest and whether it cold loaded.
-    fn obtain_weights(
+    pub(super) fn obtain_weights(
         &self,
         grant: &Grant,
         mapped: Option<MappedWeights>,
@@ -176,37 +176,83 @@ impl Session<'_> {
     }
 }
 
+/// What a worker holds once it has the lease: the grant, its heartbeat, the weights (reused or
+/// cold loaded) and the manifest.
+pub(super) struct Attached {
+    pub(super) grant: Grant,
+    pub(super) t_grant: Instant,
+    pub(super) hb: Heartbeat,
+    pub(super) weights: MappedWeights,
+    pub(super) regions: Vec<RegionFd>,
+    pub(super) cold: bool,
+}
+
+impl<'a> Session<'a> {
+    /// Connects to the broker in `opts.role` and says so on stdout (`attached`, with `fields`).
+    pub(super) fn connect(
+        opts: &'a Options,
+        fields: serde_json::Value,
+    ) -> Result<Self, WorkerError> {
+        let client = Client::connect(&opts.socket, opts.role, 0).map_err(WorkerError::Client)?;
+        let mut ev = json!({ "role": format!("{:?}", opts.role),
+                             "instance": format!("{:016x}", client.instance) });
+        if let (Some(o), serde_json::Value::Object(f)) = (ev.as_object_mut(), fields) {
+            o.extend(f);
+        }
+        emit("attached", ev);
+        Ok(Self {
+            client,
+            opts,
+            threads: opts.threads.max(1),
+        })
+    }
+
+    /// (Shadow: maps the weights and waits for promotion.) Acquires the lease for `pages` KV
+    /// pages, starts the heartbeat, and reuses or cold loads the weights.
+    pub(super) fn attach(
+        &self,
+        pages: impl FnOnce(&Options) -> u32,
+    ) -> Result<Attached, WorkerError> {
+        let mapped = match self.opts.role {
+            Role::Shadow => Some(self.prepare_shadow()?),
+            _ => None,
+        };
+        let (page_bytes, gguf) = page_bytes_of(mapped.as_ref(), &self.opts.model)?;
+        let grant = self
+            .client
+            .acquire(page_bytes, pages(self.opts))
+            .map_err(|e| self.b(e))?;
+        let t_grant = Instant::now();
+        emit(
+            "granted",
+            json!({ "epoch": grant.epoch, "takeover": grant.takeover, "weights_ok": grant.weights_ok }),
+        );
+        let hb = self
+            .client
+            .start_heartbeat(Duration::from_millis(u64::from(grant.lease_ms / 4).max(20)));
+        let (weights, regions, cold) = self.obtain_weights(&grant, mapped, gguf)?;
+        Ok(Attached {
+            grant,
+            t_grant,
+            hb,
+            weights,
+            regions,
+            cold,
+        })
+    }
+}
+
 /// Runs a worker to completion. Returns the results it wrote.
 pub fn run(opts: &Options) -> Result<Results, WorkerError> {
-    let client = Client::connect(&opts.socket, opts.role, 0).map_err(WorkerError::Client)?;
-    emit(
-        "attached",
-        json!({ "role": format!("{:?}", opts.role), "instance": format!("{:016x}", client.instance) }),
-    );
-    let se = Session {
-        client,
-        opts,
-        threads: opts.threads.max(1),
-    };
-    let mapped = match opts.role {
-        Role::Shadow => Some(se.prepare_shadow()?),
-        _ => None,
-    };
-    let (page_bytes, gguf) = page_bytes_of(mapped.as_ref(), &opts.model)?;
-    let grant = se
-        .client
-        .acquire(page_bytes, pages_wanted(&opts.jobs))
-        .map_err(|e| se.b(e))?;
-    let t_grant = Instant::now();
-    emit(
-        "granted",
-        json!({ "epoch": grant.epoch, "takeover": grant.takeover, "weights_ok": grant.weights_ok }),
-    );
-    let hb = se
-        .client
-        .start_heartbeat(Duration::from_millis(u64::from(grant.lease_ms / 4).max(20)));
-
-    let (w, regions, cold) = se.obtain_weights(&grant, mapped, gguf)?;
+    let se = Session::connect(opts, json!({}))?;
+    let Attached {
+        grant,
+        t_grant,
+        hb,
+        weights: w,
+        regions,
+        cold,
+    } = se.attach(|o| pages_wanted(&o.jobs))?;
     let model = Llama::new(&w.layout, w.floats(), se.threads)
         .map_err(|e| WorkerError::Protocol(e.to_string()))?;
     let geom = geom_of(&w);
