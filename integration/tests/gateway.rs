@@ -2,6 +2,9 @@
 //! requests and answers pass through unchanged (streams chunk by chunk), `X-Belayer-*` headers
 //! stay behind, and each mapped generation reaches its container's shim as `llm-start` /
 //! `llm-end` (seen in `belayer status`), unmapped ones as nothing.
+//!
+//! The stand-in takes 200 ms an answer, so each llm-start reaches the shim before its llm-end
+//! comes (the gateway drops a hint superseded before it could be sent) and counts are exact.
 
 mod common;
 
@@ -48,7 +51,7 @@ fn gateway_passes_requests_through_and_hints_the_mapped_containers() {
         run_detached(&c, BELAYER, id, &["sleep", "infinity"]);
     }
     run_detached(&c, RUNC, "gw-runc", &["sleep", "infinity"]);
-    let up = Upstream::start(5, Duration::from_millis(300));
+    let up = Upstream::start(5, Duration::from_millis(200));
     let gw = Gateway::start(
         &c,
         &up.url(),

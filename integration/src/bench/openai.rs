@@ -36,8 +36,8 @@ impl Message {
 }
 
 /// The stand-in server: `POST` with `"stream": true` answers an SSE stream of `chunks` events
-/// `delay` apart; `/status/N` answers status N; anything else a JSON completion. Every answer
-/// carries `x-upstream: stand-in`.
+/// `delay` apart; `/status/N` answers status N; anything else a JSON completion after `delay`.
+/// Every answer carries `x-upstream: stand-in`.
 pub struct Upstream {
     pub addr: SocketAddr,
     /// Requests received, in order.
@@ -101,6 +101,7 @@ fn serve(
                 .strip_prefix("/status/")
                 .and_then(|s| s.split('?').next()?.parse().ok())
                 .unwrap_or(200u16);
+            std::thread::sleep(delay);
             let body = serde_json::json!({
                 "id": "chatcmpl-standin",
                 "object": "chat.completion",

@@ -1,7 +1,8 @@
 //! `belayer-bench SUITE [ARGS…]`: one entry point for Belayer's benchmarks.
 //!
 //! Each suite is its own binary, `belayer-bench-SUITE`, built by the crate that owns the thing it
-//! measures (`scheduler` → `sched`, `gpu-broker` → `worker`, `integration` → `env`, `rollout`).
+//! measures (`scheduler` → `sched`, `gpu-broker` → `worker`, `integration` → `env`, `rollout`,
+//! `gateway`).
 //! This dispatcher finds it beside itself or on PATH and hands over the arguments, git-style, so a
 //! crate's benchmark builds and runs without linking every other crate.
 
@@ -23,6 +24,10 @@ const SUITES: &[(&str, &str)] = &[
         "GPU broker: rollout-worker cold start vs shadow takeover and KV rebuild",
     ),
     ("rollout", "end-to-end rollout with injected failures"),
+    (
+        "gateway",
+        "LLM gateway: latency added per request, hints to a real shim",
+    ),
 ];
 
 fn usage() -> String {

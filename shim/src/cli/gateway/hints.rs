@@ -1,19 +1,22 @@
 //! The gateway's hint sender: counts each container's generations in flight and tells its shim
 //! `llm-start` when the first begins and `llm-end` when the last ends, off the request path.
+//!
+//! Each container has one sender task that delivers its hints in order. A hint that comes while
+//! the previous one is still on its way replaces any other waiting: the shim timestamps hints as
+//! they arrive, so a stale start/end pair (a bubble shorter than a delivery) says nothing, and a
+//! slow or stuck shim can never make hints pile up.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::watch;
 
 use crate::api::HintRequest;
 use crate::cli::control::Control;
 
 /// Limit on one hint's round trip to a shim.
 const HINT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Hints queued for one container before new ones are dropped (a stuck shim).
-const QUEUE: usize = 256;
 /// A container's failed hints are logged at most once in this interval.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
@@ -24,21 +27,16 @@ pub struct Target {
     pub container: String,
 }
 
-/// One container's generations in flight and the queue to its hint sender.
+/// One container's generations in flight and the hint waiting for its sender.
 struct Slot {
     in_flight: Mutex<usize>,
-    tx: mpsc::Sender<HintRequest>,
+    next: watch::Sender<Option<HintRequest>>,
 }
 
 impl Slot {
-    /// Queues `hint` without waiting; a full queue drops it (and says so).
-    fn send(&self, target: &Target, hint: HintRequest) {
-        if self.tx.try_send(hint).is_err() {
-            eprintln!(
-                "belayer gateway: hint queue of {}/{} full, hint dropped",
-                target.namespace, target.container
-            );
-        }
+    /// Hands `hint` to the sender without waiting, replacing one not yet taken.
+    fn send(&self, hint: HintRequest) {
+        self.next.send_replace(Some(hint));
     }
 }
 
@@ -50,7 +48,6 @@ pub struct Hints {
 
 /// One generation in flight: `llm-end` goes when the last of its container's is dropped.
 pub struct InFlight {
-    target: Target,
     slot: Arc<Slot>,
 }
 
@@ -63,24 +60,21 @@ impl Hints {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(target.clone())
-            .or_insert_with(|| spawn_sender(target.clone()))
+            .or_insert_with(|| spawn_sender(target))
             .clone();
         {
-            // Held while queueing, so the queue's order is the counter's.
+            // Held while handing over, so hints go in the counter's order.
             let mut n = slot.in_flight.lock().unwrap_or_else(|e| e.into_inner());
             if *n == 0 {
-                slot.send(
-                    &target,
-                    HintRequest {
-                        hint: "llm-start".into(),
-                        expected_ms: None,
-                        expected_tokens,
-                    },
-                );
+                slot.send(HintRequest {
+                    hint: "llm-start".into(),
+                    expected_ms: None,
+                    expected_tokens,
+                });
             }
             *n += 1;
         }
-        InFlight { target, slot }
+        InFlight { slot }
     }
 }
 
@@ -93,24 +87,24 @@ impl Drop for InFlight {
             .unwrap_or_else(|e| e.into_inner());
         *n = n.saturating_sub(1);
         if *n == 0 {
-            self.slot.send(
-                &self.target,
-                HintRequest {
-                    hint: "llm-end".into(),
-                    ..Default::default()
-                },
-            );
+            self.slot.send(HintRequest {
+                hint: "llm-end".into(),
+                ..Default::default()
+            });
         }
     }
 }
 
-/// Starts the task that delivers `target`'s hints in order, one at a time.
+/// Starts the task that delivers `target`'s hints, one at a time.
 fn spawn_sender(target: Target) -> Arc<Slot> {
-    let (tx, mut rx) = mpsc::channel::<HintRequest>(QUEUE);
+    let (next, mut rx) = watch::channel::<Option<HintRequest>>(None);
     tokio::spawn(async move {
         let mut warned: Option<Instant> = None;
         let mut failed = 0u64;
-        while let Some(hint) = rx.recv().await {
+        while rx.changed().await.is_ok() {
+            let Some(hint) = rx.borrow_and_update().clone() else {
+                continue;
+            };
             let ctl = Control::new(&target.namespace, &target.container).with_timeout(HINT_TIMEOUT);
             let sent = tokio::task::spawn_blocking(move || {
                 ctl.call::<serde_json::Value>("POST", "hint", Some(&hint))
@@ -130,6 +124,6 @@ fn spawn_sender(target: Target) -> Arc<Slot> {
     });
     Arc::new(Slot {
         in_flight: Mutex::new(0),
-        tx,
+        next,
     })
 }
