@@ -87,6 +87,8 @@ pub struct Containerd {
     pub ns: String,
     /// The Belayer checkpoint store its shims use (`$BELAYER_STORE`).
     pub store: PathBuf,
+    /// The Belayer config its shims read (`$BELAYER_CONFIG`), if not the machine's.
+    pub belayer_config: Option<PathBuf>,
     bin_dir: PathBuf,
     child: Option<Child>,
 }
@@ -101,6 +103,18 @@ impl Containerd {
     /// Like [`Containerd::start`], with Belayer's store at `store` (default: inside the test dir).
     #[track_caller]
     pub fn start_with_store(flavor: Flavor, store: Option<PathBuf>) -> Self {
+        Self::start_configured(flavor, store, None)
+    }
+
+    /// Like [`Containerd::start_with_store`], with the Belayer config file `belayer_config`
+    /// (`config.toml` format) for its shims: the machine-wide defaults a user sets in
+    /// `/etc/belayer/config.toml`.
+    #[track_caller]
+    pub fn start_configured(
+        flavor: Flavor,
+        store: Option<PathBuf>,
+        belayer_config: Option<PathBuf>,
+    ) -> Self {
         let bin_dir = prereq::bin_dir();
         prereq::require_bin("runc");
         match flavor {
@@ -132,6 +146,7 @@ impl Containerd {
             flavor,
             ns: format!("bt{}x{n}", std::process::id()),
             store: store.unwrap_or_else(|| dir.join("store")),
+            belayer_config,
             dir,
             sock,
             bin_dir,
@@ -160,7 +175,11 @@ impl Containerd {
 
     fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.join("containerd.log")).expect("log");
-        let child = Command::new(self.binary("containerd"))
+        let mut cmd = Command::new(self.binary("containerd"));
+        if let Some(config) = &self.belayer_config {
+            cmd.env("BELAYER_CONFIG", config);
+        }
+        let child = cmd
             .arg("--config")
             .arg(self.dir.join("config.toml"))
             .env("PATH", self.path_env())

@@ -11,7 +11,11 @@ pub struct Docker {
     pub host: String,
     dir: PathBuf,
     child: Child,
+    /// The bridge of a networked daemon, deleted on drop.
+    bridge: Option<String>,
 }
+
+static BRIDGES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 impl Docker {
     /// Starts dockerd against `containerd` and imports the busybox rootfs as `belayer/busybox`.
@@ -23,6 +27,45 @@ impl Docker {
     /// Like [`Docker::start`], with a `daemon.json`.
     #[track_caller]
     pub fn start_with_config(containerd: &Containerd, config: Option<&std::path::Path>) -> Self {
+        Self::spawn(containerd, config, None)
+    }
+
+    /// Like [`Docker::start`], with container networking: a private Linux bridge (its own /24)
+    /// that containers attach to, so `docker run -p HOST:CONTAINER` reaches them through
+    /// docker-proxy. No iptables rules are written.
+    #[track_caller]
+    pub fn start_networked(containerd: &Containerd) -> Self {
+        prereq::require_bin("ip");
+        let n = BRIDGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let name = format!("blbr{}x{n}", pid % 100_000);
+        let subnet = format!("10.{}.{}.1/24", 200 + pid % 50, n % 250);
+        let _ = run(
+            Command::new("ip").args(["link", "del", &name]),
+            None,
+            Duration::from_secs(10),
+        );
+        for args in [
+            vec!["link", "add", &name, "type", "bridge"],
+            vec!["addr", "add", &subnet, "dev", &name],
+            vec!["link", "set", &name, "up"],
+        ] {
+            run(
+                Command::new("ip").args(&args),
+                None,
+                Duration::from_secs(10),
+            )
+            .ok();
+        }
+        Self::spawn(containerd, None, Some(name))
+    }
+
+    #[track_caller]
+    fn spawn(
+        containerd: &Containerd,
+        config: Option<&std::path::Path>,
+        bridge: Option<String>,
+    ) -> Self {
         prereq::require_bin("dockerd");
         prereq::require_bin("docker");
         let dir = containerd.dir.join("docker");
@@ -43,7 +86,8 @@ impl Docker {
                 "--containerd",
                 &containerd.sock.display().to_string(),
             ])
-            .args(["--iptables=false", "--ip6tables=false", "--bridge=none"])
+            .args(["--iptables=false", "--ip6tables=false"])
+            .arg(format!("--bridge={}", bridge.as_deref().unwrap_or("none")))
             .env(
                 "PATH",
                 format!(
@@ -56,7 +100,12 @@ impl Docker {
             .stderr(log)
             .spawn()
             .expect("spawn dockerd");
-        let d = Self { host, dir, child };
+        let d = Self {
+            host,
+            dir,
+            child,
+            bridge,
+        };
         let start = Instant::now();
         while d.docker(&["version"]).code != 0 {
             assert!(
@@ -104,5 +153,12 @@ impl Drop for Docker {
         let _ = self.child.kill();
         let _ = self.child.wait();
         crate::leaks::unmount_under(&self.dir);
+        if let Some(bridge) = &self.bridge {
+            let _ = run(
+                Command::new("ip").args(["link", "del", bridge]),
+                None,
+                Duration::from_secs(10),
+            );
+        }
     }
 }
