@@ -285,3 +285,36 @@ fn swe_rex_runs_commands_in_a_belayer_sandbox() {
     assert_eq!(out["read_back"], "written through swe-rex\n", "{out}");
     assert_eq!(out["cwd_after_cd"], "/tmp\n", "{out}");
 }
+
+/// The OpenHands recipe's `docker_runtime_kwargs`, fed to docker-py's `containers.run` as OpenHands'
+/// docker runtime does, runs the sandbox through Belayer.
+#[test]
+fn openhands_recipe_kwargs_run_a_belayer_sandbox() {
+    let scratch = Scratch::new("openhands");
+    let c = Containerd::start(Flavor::V2);
+    let d = Docker::start(&c);
+    let (report, log) = (
+        scratch.path().join("openhands.json"),
+        scratch.path().join("openhands.log"),
+    );
+    let mut cmd = driver(&d, "openhands_kwargs.py", scratch.path());
+    cmd.args(["--image", "belayer/busybox"])
+        .arg("--recipe")
+        .arg(repo().join("configs/frameworks/openhands.toml"))
+        .arg("--out")
+        .arg(&report);
+    let out = finish(
+        spawn_logged(cmd, &log),
+        Duration::from_secs(120),
+        &report,
+        &log,
+    );
+    assert_eq!(out["runtime"], BELAYER, "{out}");
+    assert_eq!(out["status"], "running", "{out}");
+    assert_eq!(out["exec"]["code"], 0, "{out}");
+    assert_eq!(
+        out["exec"]["output"],
+        format!("hello from {}\n", out["hostname"].as_str().unwrap_or("?")),
+        "{out}"
+    );
+}
