@@ -5,6 +5,7 @@
 mod checkpoint;
 pub mod criu;
 pub mod layer;
+pub mod lazy;
 mod restore;
 pub mod runc;
 pub mod store;

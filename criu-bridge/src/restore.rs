@@ -47,6 +47,9 @@ pub enum RestoreError {
         #[source]
         source: Box<RuncError>,
     },
+    /// The lazy-pages daemon did not start (nothing was restored).
+    #[error(transparent)]
+    LazyPages(#[from] crate::lazy::LazyPagesError),
     /// The restore work dir cannot be created.
     #[error("cannot create restore work dir {path}")]
     WorkDir {
@@ -118,15 +121,19 @@ pub struct RestoreRequest<'a> {
     pub pid_file: Option<&'a Path>,
     /// Console socket, if the container has a terminal.
     pub console_socket: Option<&'a Path>,
+    /// Restore lazily: the processes run before their memory is filled (see [`crate::lazy`]).
+    pub lazy_pages: bool,
 }
 
 /// What a process restore reports.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct RestoreReport {
     /// Wall time of `runc restore`.
     pub duration: Duration,
     /// CRIU's figures, when it wrote them.
     pub stats: Option<RestoreStats>,
+    /// The daemon still filling the processes' memory, for a lazy restore.
+    pub lazy: Option<crate::lazy::LazyPages>,
 }
 
 /// `runc restore` of `req.checkpoint`'s processes, with the CRIU options of the checkpoint.
@@ -141,6 +148,14 @@ pub fn restore_processes(
     })?;
     let start = Instant::now();
     let image_dir = req.checkpoint.criu_dir();
+    let lazy = match req.lazy_pages {
+        true => Some(crate::lazy::LazyPages::start(
+            req.runc,
+            &image_dir,
+            req.work_dir,
+        )?),
+        false => None,
+    };
     let args = RestoreArgs {
         id: req.id,
         bundle: req.bundle,
@@ -152,16 +167,29 @@ pub fn restore_processes(
         console_socket: req.console_socket,
         no_subreaper: false,
         no_pivot: false,
+        lazy_pages: lazy.is_some(),
     };
-    req.runc
-        .restore(&args, stdio)
-        .map_err(|source| RestoreError::Restore {
+    req.runc.restore(&args, stdio).map_err(|source| {
+        if let Some(l) = &lazy {
+            l.kill();
+        }
+        RestoreError::Restore {
             id: req.id.into(),
             log: CriuLog::read(req.work_dir.join("restore.log")),
             source: Box::new(source),
-        })?;
+        }
+    })?;
     let duration = start.elapsed();
     let stats = read_restore_stats(&req.work_dir.join("stats-restore")).ok();
-    tracing::info!(container = req.id, ?duration, "processes restored");
-    Ok(RestoreReport { duration, stats })
+    tracing::info!(
+        container = req.id,
+        ?duration,
+        lazy = lazy.is_some(),
+        "processes restored"
+    );
+    Ok(RestoreReport {
+        duration,
+        stats,
+        lazy,
+    })
 }

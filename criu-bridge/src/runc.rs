@@ -184,6 +184,8 @@ pub struct RestoreArgs<'a> {
     pub no_subreaper: bool,
     /// `--no-pivot` (rootfs on a ramdisk).
     pub no_pivot: bool,
+    /// `--lazy-pages`: memory comes from a `criu lazy-pages` daemon listening in `work_dir`.
+    pub lazy_pages: bool,
 }
 
 /// A runc binary with its state root and the CRIU it must use.
@@ -379,6 +381,9 @@ impl Runc {
         }
         if args.no_pivot {
             c.arg("--no-pivot");
+        }
+        if args.lazy_pages {
+            c.arg("--lazy-pages");
         }
         c.arg(args.id);
         c.stdin(stdio.stdin.unwrap_or_else(Stdio::null));

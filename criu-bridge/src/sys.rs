@@ -359,3 +359,42 @@ pub fn mount_overlay_fsconfig(
         Ok(())
     }
 }
+
+/// `pidfd_open(2)`: a descriptor for `pid` that stays valid (and never names another process)
+/// after it exits.
+pub fn pidfd_open(pid: i32) -> io::Result<std::os::fd::OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    fd_result(unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) })
+}
+
+/// Sends `signal` through a pidfd (no pid-reuse race).
+pub fn pidfd_send_signal(pidfd: &std::os::fd::OwnedFd, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: the pidfd is open; a null siginfo means "as kill(2)".
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Waits up to `timeout` for the process of `pidfd` to exit (its pidfd turns readable);
+/// true once it has.
+pub fn pidfd_wait_exit(pidfd: &std::os::fd::OwnedFd, timeout: std::time::Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: one valid pollfd for the duration of the call.
+    let r = unsafe { libc::poll(&mut p, 1, ms) };
+    r > 0
+}

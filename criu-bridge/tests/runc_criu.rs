@@ -63,6 +63,18 @@ fn lines_in(fs_layer: &Path) -> usize {
 
 /// Mounts `cp`'s rootfs into a bundle (copying `c`'s config.json) and restores it as `id`.
 fn restore_as(c: &Container, store: &Store, cp: &Checkpoint, id: &str, base: &Path) -> PathBuf {
+    restore_with(c, store, cp, id, base, false).0
+}
+
+/// [`restore_as`], lazily or not; returns the rootfs and the report.
+fn restore_with(
+    c: &Container,
+    store: &Store,
+    cp: &Checkpoint,
+    id: &str,
+    base: &Path,
+    lazy_pages: bool,
+) -> (PathBuf, criu_bridge::RestoreReport) {
     let bundle = if id == c.id {
         c.bundle.clone()
     } else {
@@ -95,14 +107,15 @@ fn restore_as(c: &Container, store: &Store, cp: &Checkpoint, id: &str, base: &Pa
         detach: true,
         pid_file: Some(&work.join("pid")),
         console_socket: None,
+        lazy_pages,
     };
     let report = criu_bridge::restore_processes(&req, RestoreStdio::default()).unwrap();
     eprintln!(
-        "restored {id}: mount {took:?}, runc restore {:?}, stats {:?}",
+        "restored {id} (lazy: {lazy_pages}): mount {took:?}, runc restore {:?}, stats {:?}",
         report.duration, report.stats
     );
     assert_eq!(c.status(id).as_deref(), Some("running"));
-    rootfs
+    (rootfs, report)
 }
 
 #[test]
@@ -275,6 +288,7 @@ fn criu_failures_concurrency_and_corruption_are_typed_and_harmless() {
         detach: true,
         pid_file: None,
         console_socket: None,
+        lazy_pages: false,
     };
     let err = criu_bridge::restore_processes(&req, RestoreStdio::default()).unwrap_err();
     let criu_bridge::RestoreError::Restore { log, .. } = &err else {
@@ -376,6 +390,69 @@ fn an_old_criu_is_refused_by_name_before_anything_is_touched() {
     let v = criu_bridge::criu::check_criu(&common::which("criu"))
         .expect("installed CRIU must be >= 4.2");
     eprintln!("installed CRIU {v}");
+}
+
+/// Waits up to 30 s for `path` to exist.
+fn wait_for(path: &Path) {
+    let start = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} did not appear",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A lazy restore runs the processes before their memory is filled: the memory they read
+/// afterwards is the checkpointed memory, the lazy-pages daemon exits once every page is in
+/// place, and a lazily restored container killed at once takes its daemon with it.
+#[test]
+fn lazy_restore_gives_back_the_same_memory_and_its_daemon_ends() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path();
+    let c = Container::start(
+        base,
+        "bl-lazy",
+        "x=$(head -c 30000000 /dev/urandom | base64); echo \"$x\" | md5sum > /data/sum; \
+         while :; do if [ -f /data/check ]; then echo \"$x\" | md5sum > /data/tmp; \
+         mv /data/tmp /data/sum2; rm /data/check; fi; sleep 0.02; done",
+    );
+    assert!(
+        criu_bridge::lazy::lazy_pages_supported(&c.runc),
+        "this kernel or CRIU cannot restore lazily (criu check --feature uffd-noncoop)"
+    );
+    wait_for(&c.rootfs.join("data/sum"));
+    let store = Store::new(base.join("store"));
+    let cp = checkpoint_container(&request(&c, &store, None, false)).unwrap();
+    c.runc.delete(&c.id, true).unwrap();
+    criu_bridge::layer::unmount(&c.rootfs).unwrap();
+
+    let (rootfs, report) = restore_with(&c, &store, &cp, &c.id, base, true);
+    let lazy = report.lazy.expect("a lazy-pages daemon");
+    std::fs::write(rootfs.join("data/check"), "").unwrap();
+    wait_for(&rootfs.join("data/sum2"));
+    assert_eq!(
+        std::fs::read_to_string(rootfs.join("data/sum")).unwrap(),
+        std::fs::read_to_string(rootfs.join("data/sum2")).unwrap(),
+        "the restored process reads other memory than it had"
+    );
+    assert!(
+        lazy.wait(Duration::from_secs(30)),
+        "lazy-pages daemon {} still running 30 s after the restore",
+        lazy.pid()
+    );
+
+    // A fork killed at once: its daemon must not wait forever for pages nobody will touch.
+    let (_, report) = restore_with(&c, &store, &cp, "bl-lazy-fork", base, true);
+    let lazy = report.lazy.expect("a lazy-pages daemon");
+    c.kill("bl-lazy-fork");
+    assert!(
+        lazy.wait(Duration::from_secs(30)),
+        "lazy-pages daemon {} outlived its killed container",
+        lazy.pid()
+    );
 }
 
 /// Not a check: prints checkpoint / verify / restore figures for a process holding ~100 MB.
