@@ -10,6 +10,7 @@ pub mod ctrd;
 pub mod openai;
 pub mod podman;
 pub mod report;
+pub mod rollout;
 pub mod stats;
 pub mod svg;
 
