@@ -38,6 +38,15 @@ fn main() -> ExitCode {
         // single-threaded, nothing reads the environment concurrently.
         unsafe { std::env::set_var("BELAYER_BIN_DIR", dir) };
     }
+    // The target dir is shared with builds that replace these binaries while the benchmark
+    // runs: run a private snapshot of them. SAFETY: still single-threaded.
+    match snapshot_bins() {
+        Ok(dir) => unsafe { std::env::set_var("BELAYER_BIN_DIR", dir) },
+        Err(e) => {
+            eprintln!("belayer-bench-rollout: {e}");
+            return ExitCode::from(2);
+        }
+    }
     match bench(&args) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
@@ -46,6 +55,34 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+const BINS: [&str; 4] = [
+    "containerd-shim-belayer-v1",
+    "belayer",
+    "belayer-gpu-broker",
+    "belayer-worker",
+];
+
+/// Hard-links (or copies) the binaries under test into a private directory.
+fn snapshot_bins() -> Result<PathBuf, String> {
+    let from = prereq::bin_dir();
+    let to = from.join(format!(".bench-rollout-{}", std::process::id()));
+    std::fs::create_dir_all(&to).map_err(|e| format!("create {}: {e}", to.display()))?;
+    for b in BINS {
+        let (src, dst) = (from.join(b), to.join(b));
+        if !src.is_file() {
+            return Err(format!(
+                "{} is missing: build the workspace (cargo build --release --workspace --bins)",
+                src.display()
+            ));
+        }
+        let _ = std::fs::remove_file(&dst);
+        if std::fs::hard_link(&src, &dst).is_err() {
+            std::fs::copy(&src, &dst).map_err(|e| format!("copy {}: {e}", src.display()))?;
+        }
+    }
+    Ok(to)
 }
 
 fn sh(cmd: &str) -> String {
@@ -59,14 +96,6 @@ fn sh(cmd: &str) -> String {
 fn bench(args: &Args) -> Result<bool, String> {
     let started = Instant::now();
     let bin_dir = prereq::bin_dir();
-    for b in ["belayer", "belayer-gpu-broker", "belayer-worker"] {
-        if !bin_dir.join(b).is_file() {
-            return Err(format!(
-                "{}/{b} is missing: build the workspace (cargo build --release --workspace --bins)",
-                bin_dir.display()
-            ));
-        }
-    }
     let model = gpu_broker::worker::model_path();
     if !model.is_file() {
         return Err(format!(
@@ -114,6 +143,7 @@ fn bench(args: &Args) -> Result<bool, String> {
         runs.push(r);
     }
     let _ = std::fs::remove_dir_all(&work);
+    let _ = std::fs::remove_dir_all(&bin_dir);
     let table = report::table(&runs);
     let summary = report::summary(&runs);
     let reproduce = format!(
