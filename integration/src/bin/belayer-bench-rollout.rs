@@ -39,8 +39,9 @@ fn main() -> ExitCode {
         unsafe { std::env::set_var("BELAYER_BIN_DIR", dir) };
     }
     // The target dir is shared with builds that replace these binaries while the benchmark
-    // runs: run a private snapshot of them. SAFETY: still single-threaded.
+    // runs: run a private snapshot of them.
     match snapshot_bins() {
+        // SAFETY: still single-threaded, nothing reads the environment concurrently.
         Ok(dir) => unsafe { std::env::set_var("BELAYER_BIN_DIR", dir) },
         Err(e) => {
             eprintln!("belayer-bench-rollout: {e}");
