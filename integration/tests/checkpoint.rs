@@ -117,6 +117,29 @@ fn episode_restores_whole_in_place() {
     restore(&c, "episode", Some(&cp));
     assert_same_tree("restore of a live container", &at_checkpoint, &s.tree());
     assert_processes_intact(&s);
+    // The restores ran lazily (the machine recipe supports it): a lazy-pages daemon served them.
+    let work = c.store.join("work").join(&c.ns).join("episode");
+    assert!(
+        work.join(format!("restore-{cp}/lazy-pages.log")).is_file(),
+        "no lazy-pages daemon ran for the restore (see {})",
+        work.display()
+    );
+
+    // A checkpoint at once after a lazy restore waits for the memory fill: restored from it,
+    // the 300 MB holder's memory is still whole.
+    restore(&c, "episode", Some(&cp));
+    let again = checkpoint(&c, "episode");
+    c.ctr(&["tasks", "kill", "-s", "9", "episode"]).ok();
+    assert!(wait_until(Duration::from_secs(10), || task_status(
+        &c, "episode"
+    ) == "STOPPED"));
+    restore(&c, "episode", Some(&again));
+    assert_same_tree(
+        "restore of a checkpoint taken during a lazy fill",
+        &at_checkpoint,
+        &s.tree(),
+    );
+    assert_processes_intact(&s);
     remove(&c, "episode");
 }
 

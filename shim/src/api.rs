@@ -102,6 +102,9 @@ pub struct RestoreInfo {
     pub mount_ms: u64,
     pub restore_ms: u64,
     pub total_ms: u64,
+    /// The processes ran before their memory was filled (a `criu lazy-pages` daemon fills it).
+    #[serde(default)]
+    pub lazy_pages: bool,
     /// Which journalled actions the environment now reflects.
     pub position: Option<crate::auto::Position>,
 }

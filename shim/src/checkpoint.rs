@@ -22,6 +22,9 @@ use crate::task::Inner;
 /// A checkpoint whose filesystem chain grows past this many layers is compacted into one.
 pub const COMPACT_CHAIN_AT: usize = 16;
 
+/// How long a checkpoint waits for the memory fill of a lazy restore to finish.
+const LAZY_FILL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Marks a container busy with a checkpoint or restore for as long as it lives.
 pub struct Busy(Arc<std::sync::atomic::AtomicBool>);
 
@@ -146,6 +149,27 @@ impl Inner {
             )));
         }
         let mut c = c;
+        // After a lazy restore, pages not yet filled look absent to a dump: let the fill finish.
+        if let Some(lazy) = c.lazy_fill.take() {
+            let lazy = tokio::task::spawn_blocking(move || {
+                let done = lazy.wait(LAZY_FILL_WAIT);
+                (lazy, done)
+            })
+            .await
+            .map_err(|e| Error::Checkpoint(format!("waiting for the lazy-pages daemon: {e}")));
+            match lazy {
+                Ok((_, true)) => {}
+                Ok((lazy, false)) => {
+                    let pid = lazy.pid();
+                    c.lazy_fill = Some(lazy);
+                    return Err(Error::FailedPrecondition(format!(
+                        "container {id}: the memory of its last (lazy) restore is still being \
+                         filled by criu lazy-pages (pid {pid}) after {LAZY_FILL_WAIT:?}; try again"
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let mut fs = c.fs_state()?;
         // Retention may have compacted the parent since (its chain is now just itself).
         if let Some(p) = fs
@@ -372,7 +396,9 @@ impl Inner {
             c.bundle.clone(),
             pid_file.clone(),
         );
-        tokio::task::spawn_blocking(move || {
+        let lazy_mode = self.settings.lazy_restore.clone();
+        let report = tokio::task::spawn_blocking(move || {
+            let lazy_pages = lazy_restore(&lazy_mode, &runc);
             criu_bridge::restore_processes(
                 &criu_bridge::RestoreRequest {
                     runc: &runc,
@@ -383,6 +409,7 @@ impl Inner {
                     detach: true,
                     pid_file: Some(&pf),
                     console_socket: None,
+                    lazy_pages,
                 },
                 restore_stdio,
             )
@@ -390,6 +417,7 @@ impl Inner {
         })
         .await
         .map_err(|e| Error::Checkpoint(e.to_string()))??;
+        c.lazy_fill = report.lazy;
         let pid = std::fs::read_to_string(&pid_file)
             .map_err(io(format!("read {}", pid_file.display())))?
             .trim()
@@ -447,6 +475,7 @@ impl Inner {
             mount_ms,
             restore_ms: restore_at.elapsed().as_millis() as u64,
             total_ms: started.elapsed().as_millis() as u64,
+            lazy_pages: c.lazy_fill.is_some(),
         };
         info!(
             "container {id} restored from checkpoint {} in {} ms",
@@ -485,5 +514,24 @@ impl Inner {
 
     pub fn store(&self) -> Store {
         self.settings.store()
+    }
+}
+
+/// Whether restores run lazily (`lazy_restore` of the settings; `auto` asks CRIU once). Blocks:
+/// call it off the async runtime.
+fn lazy_restore(mode: &str, runc: &criu_bridge::runc::Runc) -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    match mode {
+        "on" => true,
+        "off" => false,
+        _ => *SUPPORTED.get_or_init(|| {
+            let ok = criu_bridge::lazy::lazy_pages_supported(runc);
+            if !ok {
+                log::warn!(
+                    "CRIU cannot restore lazily here (uffd-noncoop); restores read all memory first"
+                );
+            }
+            ok
+        }),
     }
 }

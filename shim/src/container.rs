@@ -40,6 +40,9 @@ pub struct Container {
     pub recoveries: Vec<crate::auto::Recovery>,
     /// containerd signalled init: its death is no crash to recover from.
     pub killed: bool,
+    /// The daemon still filling memory after a lazy restore; a checkpoint waits for it (a dump
+    /// would see the pages not yet filled as absent).
+    pub lazy_fill: Option<criu_bridge::lazy::LazyPages>,
 }
 
 /// What the next checkpoint captures and stacks on.
@@ -110,6 +113,7 @@ impl Container {
             position: None,
             recoveries: Vec::new(),
             killed: false,
+            lazy_fill: None,
             id: id.to_string(),
             bundle,
             mounted_rootfs: None,

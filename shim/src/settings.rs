@@ -25,6 +25,9 @@ pub struct Settings {
     pub recover: String,
     /// Default of the `io.belayer.policy` annotation after a restore: `rewind` or `replay`.
     pub policy: String,
+    /// Restore memory lazily (`criu lazy-pages` through userfaultfd): `auto` (when the kernel and
+    /// CRIU support it), `on`, `off`.
+    pub lazy_restore: String,
     /// The checkpoint scheduler's settings (see scheduler/README.md).
     pub scheduler: scheduler::SchedulerConfig,
 }
@@ -38,6 +41,7 @@ impl Default for Settings {
             checkpoint: "off".into(),
             recover: "off".into(),
             policy: "rewind".into(),
+            lazy_restore: "auto".into(),
             scheduler: scheduler::SchedulerConfig::default(),
         }
     }
@@ -66,6 +70,13 @@ impl Settings {
         s.scheduler
             .validate()
             .map_err(|e| format!("invalid {}: {e}", path.display()))?;
+        if !matches!(s.lazy_restore.as_str(), "auto" | "on" | "off") {
+            return Err(format!(
+                "invalid {}: lazy_restore = {:?}: use \"auto\", \"on\" or \"off\"",
+                path.display(),
+                s.lazy_restore
+            ));
+        }
         Ok(s)
     }
 
@@ -100,8 +111,8 @@ mod tests {
         let d = Settings::default();
         assert_eq!((s.store, s.criu, s.keep), (d.store, d.criu, d.keep));
         assert_eq!(
-            (s.checkpoint, s.recover, s.policy),
-            (d.checkpoint, d.recover, d.policy)
+            (s.checkpoint, s.recover, s.policy, s.lazy_restore),
+            (d.checkpoint, d.recover, d.policy, d.lazy_restore)
         );
     }
 
@@ -113,6 +124,11 @@ mod tests {
             Settings::parse(Path::new("x"), "stroe = 1")
                 .unwrap_err()
                 .contains("stroe")
+        );
+        assert!(
+            Settings::parse(Path::new("x"), "lazy_restore = \"maybe\"")
+                .unwrap_err()
+                .contains("lazy_restore")
         );
     }
 }
