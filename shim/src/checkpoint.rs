@@ -352,7 +352,8 @@ impl Inner {
             Vec::new()
         };
         if let Some(old) = c.owned_upper.replace(dir) {
-            let _ = std::fs::remove_dir_all(old);
+            // Its files are of no use any more; deleting them need not delay the restore.
+            std::thread::spawn(move || std::fs::remove_dir_all(old));
         }
         c.fs = Some(FsState {
             upper,
@@ -452,20 +453,29 @@ impl Inner {
         }
         let ns = self.namespace.clone();
         let (cp, verify_ms) = self.load_verified(&ns, id, seq).await?;
+        let t_verified = started.elapsed();
         // Point of no return: the old processes go.
         if let Err(e) = self.runc.delete(id, true).await
             && !e.to_string().contains("does not exist")
         {
             return Err(e);
         }
+        let t_deleted = started.elapsed();
         if let Some(rootfs) = c.mounted_rootfs.take() {
-            crate::rootfs::unmount(&rootfs);
+            crate::rootfs::unmount_detached(&rootfs);
         }
         let (pid_file, mount_ms) = self.mount_from(&mut c, &cp)?;
+        let t_mounted = started.elapsed();
         let restore_at = Instant::now();
         let pid = self.restore_processes(&mut c, &cp, pid_file).await?;
+        let t_restored = started.elapsed();
         c.killed = false;
         let position = self.reposition(&mut c, cp.manifest.seq).await;
+        log::info!(
+            "container {id} restore steps: verified {t_verified:?}, deleted {t_deleted:?}, \
+             mounted {t_mounted:?}, restored {t_restored:?}, repositioned {:?}",
+            started.elapsed()
+        );
         let info = RestoreInfo {
             position,
             container: id.to_string(),

@@ -53,6 +53,19 @@ pub fn unmount(target: &Path) {
     }
 }
 
+/// Unmounts everything at and below `target` at once, and lets the old filesystem go on a
+/// thread of its own: the last reference to an overlay syncs its upper filesystem (hundreds of
+/// milliseconds after an episode wrote files), which a restore need not wait for. `target` is
+/// free for a new mount when this returns.
+pub fn unmount_detached(target: &Path) {
+    // An open descriptor keeps the detached mount alive until the thread closes it.
+    let pin = std::fs::File::open(target).ok();
+    unmount(target);
+    if let Some(pin) = pin {
+        std::thread::spawn(move || drop(pin));
+    }
+}
+
 /// The overlay mounted at a rootfs: its writable upper dir and its lower dirs, newest first.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Overlay {
