@@ -12,7 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use std::os::unix::process::CommandExt;
+
 use crate::runc::Runc;
+
+/// Nice value of the lazy-pages daemon.
+const LAZY_PAGES_NICE: libc::c_int = 10;
 
 /// Why the lazy-pages daemon did not start.
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +75,18 @@ impl LazyPages {
         let _ = std::fs::remove_file(&pid_file);
         let _ = std::fs::remove_file(work_dir.join("lazy-pages.socket"));
         let mut c = Command::new(&runc.criu);
+        // The background fill is work nobody waits for; on-demand faults are few. At a lower
+        // priority it leaves the CPU to restores running beside it (forks) and to the
+        // workload.
+        // SAFETY: setpriority(2) is async-signal-safe and touches only the child.
+        unsafe {
+            c.pre_exec(|| {
+                if libc::setpriority(libc::PRIO_PROCESS, 0, LAZY_PAGES_NICE) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         c.arg("lazy-pages")
             .arg("--daemon")
             .arg("--images-dir")

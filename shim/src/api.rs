@@ -34,6 +34,10 @@ pub fn socket_path(namespace: &str, id: &str) -> PathBuf {
 /// types it does not know, so the spec carries it.)
 pub const RESTORE_ANNOTATION: &str = "io.belayer.restore";
 
+/// OCI annotation naming a group of containers that share one shim process (as a Kubernetes
+/// pod's do): the forks of one `belayer fork` carry it, so N forks start one shim, not N.
+pub const SHIM_GROUP_ANNOTATION: &str = "io.belayer.shim-group";
+
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RestoreOptions {
     /// Namespace and container whose checkpoint is restored (a fork's source).

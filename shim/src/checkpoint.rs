@@ -519,7 +519,16 @@ impl Inner {
         cp: Checkpoint,
     ) -> Result<u32> {
         let pid_file = c.bundle.join("init.pid");
-        self.restore_processes(c, &cp, pid_file).await
+        let started = Instant::now();
+        let pid = self.restore_processes(c, &cp, pid_file).await?;
+        log::info!(
+            "container {} restored from checkpoint {} of {} at start in {:?}",
+            c.id,
+            cp.manifest.seq,
+            cp.manifest.container,
+            started.elapsed()
+        );
+        Ok(pid)
     }
 
     pub fn store(&self) -> Store {

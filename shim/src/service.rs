@@ -30,14 +30,17 @@ pub struct Service {
     exit: Arc<ExitSignal>,
 }
 
-/// Containers of one Kubernetes pod share the sandbox's shim.
+/// Containers of one Kubernetes pod share the sandbox's shim; so do the forks one
+/// `belayer fork` made ([`SHIM_GROUP_ANNOTATION`](crate::api::SHIM_GROUP_ANNOTATION)).
 fn grouping(id: &str) -> String {
     let spec = std::fs::read("config.json").unwrap_or_default();
     serde_json::from_slice::<serde_json::Value>(&spec)
         .ok()
         .and_then(|v| {
-            v["annotations"]["io.kubernetes.cri.sandbox-id"]
+            let a = &v["annotations"];
+            a["io.kubernetes.cri.sandbox-id"]
                 .as_str()
+                .or(a[crate::api::SHIM_GROUP_ANNOTATION].as_str())
                 .map(str::to_string)
         })
         .unwrap_or_else(|| id.to_string())

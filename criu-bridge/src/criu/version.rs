@@ -84,8 +84,51 @@ pub fn check_criu(binary: &Path) -> Result<CriuVersion, VersionError> {
     check_criu_with(&crate::runc::StdSpawner, binary)
 }
 
-/// [`check_criu`], spawning through `spawner` (a shim's reaper must see every child).
+/// The file `binary` runs (searched on `PATH` when it has no `/`) and what changes when it is
+/// replaced: path, inode, size, mtime.
+fn identity(binary: &Path) -> Option<(std::path::PathBuf, u64, u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let path = if binary.components().count() > 1 {
+        binary.to_path_buf()
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(binary))
+            .find(|p| p.is_file())?
+    };
+    let m = std::fs::metadata(&path).ok()?;
+    Some((path, m.ino(), m.size(), m.mtime(), m.mtime_nsec()))
+}
+
+/// [`check_criu`], spawning through `spawner` (a shim's reaper must see every child). A binary
+/// that passed once is not run again until the file changes (each checkpoint and restore asks).
 pub fn check_criu_with(
+    spawner: &dyn crate::runc::Spawner,
+    binary: &Path,
+) -> Result<CriuVersion, VersionError> {
+    type Passed = std::collections::HashMap<(std::path::PathBuf, u64, u64, i64, i64), CriuVersion>;
+    static PASSED: std::sync::Mutex<Option<Passed>> = std::sync::Mutex::new(None);
+    let id = identity(binary);
+    if let Some(id) = &id
+        && let Some(v) = PASSED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(|m| m.get(id))
+    {
+        return Ok(*v);
+    }
+    let found = run_version_check(spawner, binary)?;
+    if let Some(id) = id {
+        PASSED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(Default::default)
+            .insert(id, found);
+    }
+    Ok(found)
+}
+
+fn run_version_check(
     spawner: &dyn crate::runc::Spawner,
     binary: &Path,
 ) -> Result<CriuVersion, VersionError> {

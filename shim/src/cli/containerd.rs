@@ -165,8 +165,18 @@ impl Containerd {
             }
         }
         let mut created = Vec::new();
+        // Unique per call: a group's shim may still be shutting down after its last container
+        // went, and a new container must not join it.
+        let group = format!(
+            "{}-{}",
+            ids.first().map(String::as_str).unwrap_or(source),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos()
+        );
         for id in &ids {
-            let fork = fork_record(&orig, id, seq, self.restore_annotation(source, seq))?;
+            let fork = fork_record(&orig, id, seq, self.restore_annotation(source, seq), &group)?;
             let req = CreateContainerRequest {
                 container: Some(fork),
             };
@@ -240,11 +250,17 @@ fn fork_record(
     id: &str,
     seq: u64,
     annotation: String,
+    shim_group: &str,
 ) -> Result<Container, String> {
     let spec_any = with_annotation(orig, Some(annotation))?;
     let mut spec: serde_json::Value =
         serde_json::from_slice(&spec_any.value).map_err(|e| format!("spec of {}: {e}", orig.id))?;
     spec["root"] = serde_json::json!({"path": "rootfs", "readonly": false});
+    // Pods group by their sandbox id already; other forks of one call share a shim.
+    if spec["annotations"]["io.kubernetes.cri.sandbox-id"].is_null() {
+        spec["annotations"][crate::api::SHIM_GROUP_ANNOTATION] =
+            serde_json::Value::String(shim_group.to_string());
+    }
     if let Some(cg) = spec["linux"]["cgroupsPath"].as_str() {
         let cg = match cg.rsplit_once(&orig.id) {
             Some((head, tail)) => format!("{head}{id}{tail}"),
