@@ -28,6 +28,8 @@ pub const DEFAULT_ROOT: &str = "/var/lib/belayer";
 pub(crate) const TMP_PREFIX: &str = ".tmp-";
 /// Name of the per-container lock file.
 pub(crate) const LOCK_FILE: &str = ".lock";
+/// Tries at taking a container's lock, 2 ms apart, before it counts as held.
+const LOCK_ATTEMPTS: u32 = 5;
 
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -240,14 +242,23 @@ impl Store {
             .write(true)
             .open(&path)
             .map_err(|e| StoreError::io("open", &path, e))?;
-        match crate::sys::try_lock_exclusive(&file) {
-            Ok(true) => Ok(ContainerLock { _file: file, dir }),
-            Ok(false) => Err(StoreError::InProgress {
-                namespace: namespace.into(),
-                container: container.into(),
-            }),
-            Err(e) => Err(StoreError::io("lock", &path, e)),
+        // A lock just released can look held for a moment: a child forked by another thread
+        // shares the lock's open file until it execs. A few short retries ride that out; a real
+        // holder (a checkpoint) keeps it far longer.
+        for attempt in 0..LOCK_ATTEMPTS {
+            match crate::sys::try_lock_exclusive(&file) {
+                Ok(true) => return Ok(ContainerLock { _file: file, dir }),
+                Ok(false) if attempt + 1 < LOCK_ATTEMPTS => {
+                    std::thread::sleep(std::time::Duration::from_millis(2))
+                }
+                Ok(false) => break,
+                Err(e) => return Err(StoreError::io("lock", &path, e)),
+            }
         }
+        Err(StoreError::InProgress {
+            namespace: namespace.into(),
+            container: container.into(),
+        })
     }
 
     /// The sequence numbers of the complete checkpoints of a container, oldest first. Temp dirs

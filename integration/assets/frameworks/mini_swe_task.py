@@ -25,7 +25,9 @@ ACTIONS = [
     "mkdir -p /repo && cd /repo && printf 'def add(a, b):\\n    return a - b\\n' > calc.py && echo created >> log.txt",
     "cd /repo && printf 'from calc import add\\nassert add(2, 3) == 5, add(2, 3)\\nprint(\"ok\")\\n' > test_calc.py && echo test >> log.txt",
     "cd /repo && python3 test_calc.py; echo \"test exit $?\" >> log.txt",
-    "cd /repo && sed -i 's/a - b/a + b/' calc.py && echo fixed >> log.txt",
+    # The fix changes the file's size: Python trusts a cached .pyc whose source has the same size
+    # and mtime second, and the previous action compiled one moments ago.
+    "cd /repo && sed -i 's/a - b/a + b  # fixed/' calc.py && echo fixed >> log.txt",
     "cd /repo && python3 test_calc.py && echo passed >> log.txt",
     "cd /repo && n=$(cat counter 2>/dev/null || echo 0) && echo $((n + 1)) > counter && echo \"count $n\" >> log.txt",
     "cd /repo && mkdir -p build && python3 -c 'import calc; print(calc.add(40, 2))' > build/answer && echo built >> log.txt",

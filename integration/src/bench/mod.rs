@@ -16,6 +16,29 @@ pub mod svg;
 
 use std::time::{Duration, Instant};
 
+/// Start-up shared by the benchmark binaries: refuses to run unless root (containerd, runc and
+/// CRIU need it), and points the harness at the workspace binaries beside this one
+/// (`$BELAYER_BIN_DIR`, unless set). Call first thing in `main`, while single-threaded.
+pub fn start_as_root(bench: &str) -> Result<(), String> {
+    // SAFETY: geteuid(2) has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(format!(
+            "{bench}: must run as root (containerd, runc and CRIU need it)"
+        ));
+    }
+    if std::env::var_os("BELAYER_BIN_DIR").is_none()
+        && let Some(dir) = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|p| p.to_path_buf()))
+    {
+        // The harness looks for the shim beside a test binary's parent dir; a benchmark binary
+        // sits beside the shim itself. SAFETY: the caller is still single-threaded, nothing
+        // reads the environment concurrently.
+        unsafe { std::env::set_var("BELAYER_BIN_DIR", dir) };
+    }
+    Ok(())
+}
+
 /// Polls `f` every 20 ms until it holds or `limit` passes; returns whether it held.
 pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

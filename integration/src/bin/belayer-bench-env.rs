@@ -27,20 +27,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // SAFETY: geteuid(2) has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("belayer-bench-env: must run as root (containerd, runc and CRIU need it)");
+    if let Err(e) = belayer_integration::bench::start_as_root("belayer-bench-env") {
+        eprintln!("{e}");
         return ExitCode::from(2);
-    }
-    if std::env::var_os("BELAYER_BIN_DIR").is_none()
-        && let Some(dir) = std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|p| p.to_path_buf()))
-    {
-        // The harness looks for the shim beside a test binary's parent dir; this binary sits
-        // beside the shim itself. SAFETY: still single-threaded, nothing reads the environment
-        // concurrently.
-        unsafe { std::env::set_var("BELAYER_BIN_DIR", dir) };
     }
     match bench(&args) {
         Ok(true) => ExitCode::SUCCESS,

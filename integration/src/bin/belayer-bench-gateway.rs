@@ -63,18 +63,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // SAFETY: geteuid(2) has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("belayer-bench-gateway: must run as root (containerd and the shim need it)");
+    if let Err(e) = belayer_integration::bench::start_as_root("belayer-bench-gateway") {
+        eprintln!("{e}");
         return ExitCode::from(2);
-    }
-    if std::env::var_os("BELAYER_BIN_DIR").is_none()
-        && let Some(dir) = std::env::current_exe()
-            .ok()
-            .and_then(|e| e.parent().map(|p| p.to_path_buf()))
-    {
-        // This binary sits beside the shim and `belayer`. SAFETY: still single-threaded.
-        unsafe { std::env::set_var("BELAYER_BIN_DIR", dir) };
     }
     match bench(&args) {
         Ok(true) => ExitCode::SUCCESS,
