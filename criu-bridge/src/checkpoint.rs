@@ -220,19 +220,31 @@ pub fn checkpoint_container_with(
         Some(p) => Some(p.read_index().map_err(|e| CheckpointError::store(id, e))?),
         None => None,
     };
-    let pending = req
-        .store
-        .begin(&lock)
-        .map_err(|e| CheckpointError::store(id, e))?;
-    let mut t = Timings::default();
-
-    let (index, capture) = one_instant(
-        req,
-        &pending,
-        parent_index.as_ref(),
-        state.status == "running",
-        &mut t,
-    )?;
+    let mut attempt = 1;
+    let (pending, mut t, index, capture) = loop {
+        let pending = req
+            .store
+            .begin(&lock)
+            .map_err(|e| CheckpointError::store(id, e))?;
+        let mut t = Timings::default();
+        match one_instant(
+            req,
+            &pending,
+            parent_index.as_ref(),
+            state.status == "running",
+            &mut t,
+        ) {
+            Ok((index, capture)) => break (pending, t, index, capture),
+            Err(e) if attempt < DUMP_ATTEMPTS && e.is_transient_seize_failure() => {
+                // The container runs again (a failed dump thaws it); its partial images go with
+                // `pending`.
+                tracing::warn!(container = id, error = %e, attempt, "CRIU could not seize a task; trying again");
+                attempt += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => return Err(e),
+        }
+    };
     thawed();
 
     pending
@@ -263,6 +275,19 @@ pub fn checkpoint_container_with(
         "checkpoint taken"
     );
     Ok(cp)
+}
+
+/// Dumps tried before a transient seize failure is reported.
+const DUMP_ATTEMPTS: u32 = 2;
+
+impl CheckpointError {
+    /// CRIU timed out seizing a task caught in the middle of something (seen: a child forked
+    /// the moment the cgroup froze, reported in state D). The container was thawed; a second
+    /// attempt normally succeeds.
+    pub fn is_transient_seize_failure(&self) -> bool {
+        matches!(self, CheckpointError::Dump { log, .. }
+            if log.lines.iter().any(|l| l.contains("Unseizable non-zombie")))
+    }
 }
 
 /// The frozen window: pause (if `pause`) → dump → capture → thaw; in exit mode the capture
@@ -392,5 +417,39 @@ fn manifest_for(
         criu_stats: None,
         capture: Default::default(),
         files: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dump_error(lines: &[&str]) -> CheckpointError {
+        use std::os::unix::process::ExitStatusExt;
+        CheckpointError::Dump {
+            id: "c".into(),
+            log: CriuLog {
+                path: "dump.log".into(),
+                lines: lines.iter().map(|l| l.to_string()).collect(),
+            },
+            source: Box::new(crate::runc::RuncError::Failed {
+                verb: "checkpoint",
+                id: "c".into(),
+                status: std::process::ExitStatus::from_raw(1 << 8),
+                message: String::new(),
+            }),
+        }
+    }
+
+    #[test]
+    fn only_a_seize_failure_is_tried_again() {
+        let seize = dump_error(&[
+            "(10.001434) Error (criu/cr-dump.c:1655): Timeout reached. Try to interrupt: 0",
+            "(10.001518) Error (compel/src/lib/infect.c:262): Unseizable non-zombie 28399 found, state D, err -1/4",
+        ]);
+        assert!(seize.is_transient_seize_failure());
+        let other = dump_error(&["Error (criu/sk-unix.c:123): unix: Can't dump external socket"]);
+        assert!(!other.is_transient_seize_failure());
+        assert!(!CheckpointError::InProgress("c".into()).is_transient_seize_failure());
     }
 }
