@@ -51,24 +51,21 @@ pub fn run(cmd: &mut Command, stdin: Option<&[u8]>, limit: Duration) -> Out {
         let _ = w.write_all(data);
     }
     let pid = child.id();
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watchdog = {
-        let done = done.clone();
-        std::thread::spawn(move || {
-            let start = Instant::now();
-            while !done.load(Ordering::Relaxed) {
-                if start.elapsed() > limit {
-                    // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                    return true;
-                }
-                std::thread::sleep(Duration::from_millis(50));
+    // The watchdog wakes as soon as the command is done (the sender is dropped), so a command's
+    // wall time is its own: benchmarks time commands through here.
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        match finished.recv_timeout(limit) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                true
             }
-            false
-        })
-    };
+            _ => false,
+        }
+    });
     let out = child.wait_with_output().expect("wait");
-    done.store(true, Ordering::Relaxed);
+    drop(done);
     let timed_out = watchdog.join().unwrap_or(false);
     assert!(!timed_out, "command timed out after {limit:?}: {cmd:?}");
     Out {
