@@ -34,7 +34,7 @@ pub async fn serve(inner: Arc<Inner>, id: &str) -> Result<()> {
             };
             let (inner, id, hints) = (inner.clone(), id.clone(), hints.clone());
             tokio::spawn(async move {
-                if let Err(e) = handle(inner, &id, &hints, stream).await {
+                if let Err(e) = handle(inner, &id, hints, stream).await {
                     warn!("control socket of {id}: {e}");
                 }
             });
@@ -118,7 +118,7 @@ type Hints = Mutex<api::HintStats>;
 async fn handle(
     inner: Arc<Inner>,
     id: &str,
-    hints: &Hints,
+    hints: Arc<Hints>,
     mut stream: UnixStream,
 ) -> std::io::Result<()> {
     let root = stream.peer_cred().map(|c| c.uid() == 0).unwrap_or(false);
@@ -131,15 +131,34 @@ async fn handle(
         )
     } else {
         match read_request(&mut stream).await {
-            Ok(req) => match route(&inner, id, hints, &req).await {
-                Ok(v) => (200, serde_json::to_vec(&v)?),
-                Err(e) => (
-                    e.http_status(),
-                    serde_json::to_vec(&ErrorBody {
-                        error: e.to_string(),
-                    })?,
-                ),
-            },
+            Ok(req) => {
+                // On a task of its own: a panic while serving becomes a 500 that says so, not a
+                // connection closed without an answer.
+                let what = format!("{} {}", req.method, req.path);
+                let cid = id.to_string();
+                let routed =
+                    tokio::spawn(async move { route(&inner, &cid, &hints, &req).await }).await;
+                match routed {
+                    Ok(Ok(v)) => (200, serde_json::to_vec(&v)?),
+                    Ok(Err(e)) => (
+                        e.http_status(),
+                        serde_json::to_vec(&ErrorBody {
+                            error: e.to_string(),
+                        })?,
+                    ),
+                    Err(e) => {
+                        warn!("control socket of {id}: {what} panicked: {e}");
+                        (
+                            500,
+                            serde_json::to_vec(&ErrorBody {
+                                error: format!(
+                                    "internal error in the shim while serving {what}: {e}"
+                                ),
+                            })?,
+                        )
+                    }
+                }
+            }
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => (
                 400,
