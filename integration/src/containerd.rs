@@ -266,11 +266,16 @@ impl Containerd {
 
     /// A `belayer` CLI command against this containerd, in its namespace, with its store.
     pub fn belayer_cmd(&self, args: &[&str]) -> Command {
+        self.belayer_cmd_in(&self.ns, args)
+    }
+
+    /// [`Containerd::belayer_cmd`] in namespace `ns` (docker's is `moby`).
+    pub fn belayer_cmd_in(&self, ns: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(self.bin_dir.join("belayer"));
         cmd.arg("--address")
             .arg(&self.sock)
             .arg("--namespace")
-            .arg(&self.ns)
+            .arg(ns)
             .args(args);
         cmd.env("BELAYER_STORE", &self.store);
         cmd

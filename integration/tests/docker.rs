@@ -179,14 +179,11 @@ fn belayer_cli_checkpoints_and_restores_docker_containers() {
     d.docker(&["exec", "dk", "sh", "-c", "echo kept > /marker"])
         .ok();
     let belayer = |args: &[&str]| {
-        let mut cmd =
-            std::process::Command::new(belayer_integration::prereq::bin_dir().join("belayer"));
-        cmd.arg("--address")
-            .arg(&c.sock)
-            .args(["--namespace", "moby"])
-            .args(args)
-            .env("BELAYER_STORE", &c.store);
-        belayer_integration::containerd::run(&mut cmd, None, std::time::Duration::from_secs(120))
+        belayer_integration::containerd::run(
+            &mut c.belayer_cmd_in("moby", args),
+            None,
+            std::time::Duration::from_secs(120),
+        )
     };
     let cp = belayer(&["checkpoint", &id]).ok().stdout.trim().to_string();
     d.docker(&["exec", "dk", "sh", "-c", "rm /marker"]).ok();

@@ -169,13 +169,11 @@ fn mini_swe_agent_finishes_its_task_through_a_sandbox_crash() {
     };
     // The `belayer` CLI in docker's namespace.
     let moby = |args: &[&str]| {
-        let mut cmd = Command::new(prereq::bin_dir().join("belayer"));
-        cmd.arg("--address")
-            .arg(&c.sock)
-            .args(["--namespace", "moby"])
-            .args(args)
-            .env("BELAYER_STORE", &c.store);
-        belayer_integration::containerd::run(&mut cmd, None, Duration::from_secs(60))
+        belayer_integration::containerd::run(
+            &mut c.belayer_cmd_in("moby", args),
+            None,
+            Duration::from_secs(60),
+        )
     };
     // Wait for the model's "thinking" gap after action 5, with a checkpoint taken before it.
     let killed_after = loop {
