@@ -52,12 +52,7 @@ pub enum LazyPagesError {
 
 /// Does this kernel and CRIU support lazy restore (non-cooperative userfaultfd)?
 pub fn lazy_pages_supported(runc: &Runc) -> bool {
-    let mut c = Command::new(&runc.criu);
-    c.args(["check", "--feature", "uffd-noncoop"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    runc.spawner.output(c).is_ok_and(|o| o.status.success())
+    crate::criu::supports_feature(runc, "uffd-noncoop")
 }
 
 /// A running `criu lazy-pages` daemon, held by pidfd.

@@ -124,6 +124,25 @@ fn episode_restores_whole_in_place() {
         "no lazy-pages daemon ran for the restore (see {})",
         work.display()
     );
+    // And CRIU locked the network through nftables (the `network_lock = "auto"` default on a
+    // machine that supports it), read from the configuration file the shim put in the bundle.
+    let log =
+        std::fs::read_to_string(work.join(format!("restore-{cp}/restore.log"))).unwrap_or_default();
+    let conf = log
+        .lines()
+        .find_map(|l| l.split_once("Parsing config file ").map(|(_, p)| p.trim()))
+        .filter(|p| p.ends_with("belayer-criu.conf"))
+        .unwrap_or_else(|| {
+            panic!(
+                "CRIU read no Belayer configuration (see {})",
+                work.display()
+            )
+        });
+    let text = std::fs::read_to_string(conf).unwrap_or_default();
+    assert!(
+        text.lines().any(|l| l == "network-lock nftables"),
+        "{conf} does not choose nftables:\n{text}"
+    );
 
     // A checkpoint at once after a lazy restore waits for the memory fill: restored from it,
     // the 300 MB holder's memory is still whole.

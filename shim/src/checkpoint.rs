@@ -111,7 +111,7 @@ pub fn chain(e: &dyn std::error::Error) -> String {
 }
 
 impl Inner {
-    fn bridge_runc(&self) -> criu_bridge::runc::Runc {
+    pub(crate) fn bridge_runc(&self) -> criu_bridge::runc::Runc {
         let mut r = criu_bridge::runc::Runc::new(crate::service::runc_root(&self.namespace));
         r.criu = self.settings.criu.clone();
         r.spawner = Arc::new(crate::reaper::ReaperSpawner);

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod container;
 pub mod control;
+pub mod criu_conf;
 pub mod error;
 pub mod export;
 pub mod journal;

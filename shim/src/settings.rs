@@ -28,6 +28,10 @@ pub struct Settings {
     /// Restore memory lazily (`criu lazy-pages` through userfaultfd): `auto` (when the kernel and
     /// CRIU support it), `on`, `off`.
     pub lazy_restore: String,
+    /// How CRIU keeps packets out of a network namespace while it is dumped or restored:
+    /// `auto` (nftables when CRIU and the kernel support it, else CRIU's default), `nftables`,
+    /// `iptables` (CRIU's default: several `iptables-restore` runs per restore) or `skip`.
+    pub network_lock: String,
     /// The checkpoint scheduler's settings (see scheduler/README.md).
     pub scheduler: scheduler::SchedulerConfig,
 }
@@ -42,6 +46,7 @@ impl Default for Settings {
             recover: "off".into(),
             policy: "rewind".into(),
             lazy_restore: "auto".into(),
+            network_lock: "auto".into(),
             scheduler: scheduler::SchedulerConfig::default(),
         }
     }
@@ -75,6 +80,16 @@ impl Settings {
                 "invalid {}: lazy_restore = {:?}: use \"auto\", \"on\" or \"off\"",
                 path.display(),
                 s.lazy_restore
+            ));
+        }
+        if !matches!(
+            s.network_lock.as_str(),
+            "auto" | "nftables" | "iptables" | "skip"
+        ) {
+            return Err(format!(
+                "invalid {}: network_lock = {:?}: use \"auto\", \"nftables\", \"iptables\" or \"skip\"",
+                path.display(),
+                s.network_lock
             ));
         }
         Ok(s)
@@ -111,8 +126,20 @@ mod tests {
         let d = Settings::default();
         assert_eq!((s.store, s.criu, s.keep), (d.store, d.criu, d.keep));
         assert_eq!(
-            (s.checkpoint, s.recover, s.policy, s.lazy_restore),
-            (d.checkpoint, d.recover, d.policy, d.lazy_restore)
+            (
+                s.checkpoint,
+                s.recover,
+                s.policy,
+                s.lazy_restore,
+                s.network_lock
+            ),
+            (
+                d.checkpoint,
+                d.recover,
+                d.policy,
+                d.lazy_restore,
+                d.network_lock
+            )
         );
     }
 
@@ -129,6 +156,11 @@ mod tests {
             Settings::parse(Path::new("x"), "lazy_restore = \"maybe\"")
                 .unwrap_err()
                 .contains("lazy_restore")
+        );
+        assert!(
+            Settings::parse(Path::new("x"), "network_lock = \"nft\"")
+                .unwrap_err()
+                .contains("network_lock")
         );
     }
 }

@@ -195,6 +195,14 @@ impl Inner {
             stderr: req.stderr.clone(),
             terminal: req.terminal,
         };
+        let (conf_bundle, lock, runc) = (
+            bundle.clone(),
+            self.settings.network_lock.clone(),
+            self.bridge_runc(),
+        );
+        tokio::task::spawn_blocking(move || crate::criu_conf::apply(&conf_bundle, &lock, &runc))
+            .await
+            .map_err(|e| Error::FailedPrecondition(format!("CRIU configuration: {e}")))??;
         let restore = match req.checkpoint.as_str() {
             "" => restore_options(&bundle)?,
             path => Some(self.import_checkpoint(path).await?),
