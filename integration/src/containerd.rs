@@ -318,8 +318,8 @@ impl Drop for Containerd {
         }
         self.stop_daemon();
         for pid in self.shim_pids() {
-            // SAFETY: kill(2) on a leftover shim of this test's containerd.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            // A leftover shim of this test's containerd.
+            let _ = crate::sigkill(pid.into());
         }
         crate::leaks::unmount_under(&self.dir);
         // BELAYER_KEEP_TEST_DIR=1 keeps logs and state for a post-mortem.

@@ -124,8 +124,7 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
         .find(|l| l.starts_with("loop-crash "))
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .expect("pid");
-    // SAFETY: kill(2) of the sandbox's init, a process of this test's containerd.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    belayer_integration::sigkill(pid.into()).expect("SIGKILL the sandbox's init");
     let status = || {
         serde_json::from_str::<serde_json::Value>(&c.belayer(&["status", "loop-crash"]).stdout)
             .unwrap_or_default()

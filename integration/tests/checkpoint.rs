@@ -340,3 +340,82 @@ fn journal_rewind_and_replay() {
     assert_eq!(s.exec("cat /log", None).stdout, "one\ntwo\nthree\n");
     remove(&c, "replay");
 }
+
+/// A checkpoint that holds its container for long — here it waits for the memory fill of a
+/// lazy restore whose daemon the test has stopped — does not hold up containerd's State (which
+/// gets 2 s): `ctr tasks ls` keeps showing the task running with its pid, never UNKNOWN with
+/// pid 0. Then the fill goes on and the checkpoint completes.
+#[test]
+fn state_answers_while_a_checkpoint_holds_the_container() {
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start(&c, BELAYER, "held");
+    let holder: Vec<_> = episode::actions(256)
+        .into_iter()
+        .filter(|a| matches!(a.name, "upload-holder" | "start-holder"))
+        .collect();
+    s.run(&holder);
+    let cp = checkpoint(&c, "held");
+    let work = c
+        .store
+        .join("work")
+        .join(&c.ns)
+        .join("held")
+        .join(format!("restore-{cp}"));
+    // Restore lazily and stop the lazy-pages daemon while it still fills.
+    let daemon = (0..10)
+        .find_map(|_| {
+            restore(&c, "held", Some(&cp));
+            let pid: i32 = std::fs::read_to_string(work.join("lazy-pages.pid"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+                .filter(|p| *p > 0)?;
+            // SAFETY: kill(2) of one process (pid > 0): the daemon of this restore.
+            (unsafe { libc::kill(pid, libc::SIGSTOP) } == 0).then_some(pid)
+        })
+        .expect("no lazy-pages daemon was still filling after any of 10 restores");
+    /// Lets the daemon go on, also when an assertion below fails.
+    struct Resume(i32);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            // SAFETY: kill(2) of the daemon stopped above (pid > 0).
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    let resume = Resume(daemon);
+    let ls = || {
+        c.ctr(&["tasks", "ls"])
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some("held"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let before = ls();
+    assert_eq!(
+        before.get(1).map(String::as_str),
+        Some("RUNNING"),
+        "{before:?}"
+    );
+    std::thread::scope(|scope| {
+        let taking = scope.spawn(|| c.belayer(&["checkpoint", "held"]));
+        // The checkpoint now waits for the stopped daemon, holding the container.
+        std::thread::sleep(Duration::from_millis(500));
+        for _ in 0..3 {
+            assert!(
+                !taking.is_finished(),
+                "the checkpoint did not wait for the fill"
+            );
+            assert_eq!(ls(), before, "State while a checkpoint holds the container");
+        }
+        drop(resume);
+        let out = taking.join().expect("checkpoint thread");
+        assert_eq!(out.code, 0, "checkpoint after the fill: {out:?}");
+    });
+    assert_eq!(ls(), before);
+    remove(&c, "held");
+}

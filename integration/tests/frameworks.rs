@@ -203,8 +203,7 @@ fn mini_swe_agent_finishes_its_task_through_a_sandbox_crash() {
         .trim()
         .parse::<i32>()
         .expect("init pid");
-    // SAFETY: kill(2) of the sandbox's init, a process of this test's containerd.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
+    belayer_integration::sigkill(pid.into()).expect("SIGKILL the sandbox's init");
     let belayer = finish(child, Duration::from_secs(240), &report, &log);
 
     assert_eq!(belayer["runtime"], BELAYER, "{belayer}");

@@ -36,12 +36,22 @@ use crate::stdio::StdioPaths;
 
 type Shared = Arc<Mutex<Container>>;
 
+/// How long State waits for a container that a checkpoint or restore holds before it answers
+/// with the last state it reported. containerd gives State 2 s; a checkpoint's frozen window on a
+/// loaded node, or one waiting for a lazy restore's memory fill, can hold the container longer,
+/// and `ctr tasks ls` would show it UNKNOWN with pid 0. The container's state does not change
+/// while it is held: its exits and execs wait for the same lock.
+const STATE_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// State shared by the RPC handlers and the exit monitors.
 pub struct Inner {
     pub namespace: String,
     pub runc: Runc,
     pub settings: crate::settings::Settings,
     containers: std::sync::Mutex<HashMap<String, Shared>>,
+    /// The last State answered per (container, exec): the answer while a checkpoint or restore
+    /// holds the container longer than [`STATE_WAIT`].
+    last_states: std::sync::Mutex<HashMap<(String, String), StateResponse>>,
     /// The node's checkpoint scheduler (per shim process).
     pub sched: std::sync::Mutex<scheduler::NodeScheduler>,
     /// Time origin of the scheduler's clock.
@@ -74,6 +84,7 @@ impl TaskService {
             epoch: std::time::Instant::now(),
             settings,
             containers: Default::default(),
+            last_states: Default::default(),
             publisher,
             exit,
         }))
@@ -417,6 +428,10 @@ impl Inner {
             let exit = p.exit();
             let pid = p.pid;
             c.execs.remove(&req.exec_id);
+            self.last_states
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&(req.id.clone(), req.exec_id.clone()));
             let (exit_status, exited_at) = exit
                 .map(|e| (e.status, e.at))
                 .unwrap_or_else(|| (0, process::zero_time()));
@@ -449,6 +464,10 @@ impl Inner {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&req.id);
+        self.last_states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(id, _), _| *id != req.id);
         crate::control::remove(&self.namespace, &req.id);
         self.untrack(&req.id);
         info!("container {} deleted", req.id);
@@ -474,14 +493,29 @@ impl Inner {
 
     async fn state(&self, req: StateRequest) -> Result<StateResponse> {
         let shared = self.get(&req.id)?;
-        let c = shared.lock().await;
+        let key = (req.id.clone(), req.exec_id.clone());
+        let c = match tokio::time::timeout(STATE_WAIT, shared.lock()).await {
+            Ok(c) => c,
+            Err(_) => {
+                let last = self
+                    .last_states
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&key)
+                    .cloned();
+                match last {
+                    Some(last) => return Ok(last),
+                    None => shared.lock().await,
+                }
+            }
+        };
         let p = c.process(&req.exec_id)?;
         let (exit_status, exited_at) = p
             .exit()
             .map(|e| (e.status, e.at))
             .unwrap_or_else(|| (0, process::zero_time()));
         let exited_at = MessageField::some(exited_at);
-        Ok(StateResponse {
+        let state = StateResponse {
             id: if req.exec_id.is_empty() {
                 req.id.clone()
             } else {
@@ -498,7 +532,12 @@ impl Inner {
             exited_at,
             exec_id: req.exec_id,
             ..Default::default()
-        })
+        };
+        self.last_states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, state.clone());
+        Ok(state)
     }
 
     async fn pause_resume(&self, id: &str, pause: bool) -> Result<()> {

@@ -185,8 +185,8 @@ impl Drop for Podman {
     fn drop(&mut self) {
         let _ = self.cmd(&["rm", "-a", "-f", "-t", "0"]);
         for pid in leaks::pids_mentioning(&self.dir.display().to_string()) {
-            // SAFETY: kill(2) on a leftover conmon/container process of this private root.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            // A leftover conmon/container process of this private root.
+            let _ = crate::sigkill(pid.into());
         }
         leaks::unmount_under(Path::new(&self.dir));
         let _ = std::fs::remove_dir_all(&self.dir);

@@ -230,9 +230,11 @@ impl Agent<'_> {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push((now(), turn));
-            // SAFETY: kill(2) of the sandbox's init, a process of this benchmark's containerd
-            // (the failure being injected).
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // The failure being injected: the sandbox's init, a process of this benchmark's
+            // containerd.
+            if let Err(e) = crate::sigkill(pid.into()) {
+                eprintln!("sandbox kill at turn {turn}: {e}");
+            }
         }))
     }
 
