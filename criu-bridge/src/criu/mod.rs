@@ -7,6 +7,10 @@ mod version;
 
 pub use log::{CriuLog, error_lines};
 pub use stats::{DumpStats, RestoreStats, StatsError, read_dump_stats, read_restore_stats};
+pub use version::{
+    CriuVersion, MIN_CRIU_VERSION, VersionError, check_criu, check_criu_with, parse_version,
+};
+
 /// Does `criu check --feature FEATURE` pass, that is, do this kernel and this CRIU both support
 /// it? Blocks for one CRIU run (a few ms once CRIU's kernel-probe cache exists).
 pub fn supports_feature(runc: &crate::runc::Runc, feature: &str) -> bool {
@@ -17,7 +21,3 @@ pub fn supports_feature(runc: &crate::runc::Runc, feature: &str) -> bool {
         .stderr(std::process::Stdio::null());
     runc.spawner.output(c).is_ok_and(|o| o.status.success())
 }
-
-pub use version::{
-    CriuVersion, MIN_CRIU_VERSION, VersionError, check_criu, check_criu_with, parse_version,
-};
