@@ -15,20 +15,26 @@ pub mod prereq;
 pub use containerd::{Containerd, Flavor, Out};
 pub use docker::Docker;
 
-/// SIGKILLs process `pid`: a sandbox's init (the failure a test injects) or a leftover daemon.
-/// A pid below 1 is refused: kill(2) reads 0 as "my process group" and -1 as "every process I
-/// may signal", so a pid parsed from a status line that said 0 (`ctr tasks ls` shows 0 when the
-/// shim did not answer in time) would kill the test run itself, cargo and CI included.
-pub fn sigkill(pid: i64) -> std::io::Result<()> {
+/// Sends `signal` to process `pid`: a sandbox's init (the failure a test injects), a leftover
+/// daemon, one a test stops and continues. A pid below 1 is refused: kill(2) reads 0 as "my
+/// process group" and -1 as "every process I may signal", so a pid parsed from a status line that
+/// said 0 (`ctr tasks ls` shows 0 when the shim did not answer in time) would kill the test run
+/// itself, cargo and CI included.
+pub fn signal(pid: i64, signal: i32) -> std::io::Result<()> {
     let pid = i32::try_from(pid).ok().filter(|p| *p > 0).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            format!("refusing to SIGKILL pid {pid}: not a single process"),
+            format!("refusing to signal pid {pid}: not a single process"),
         )
     })?;
     // SAFETY: kill(2) of one process (pid > 0); a pid that is gone is ESRCH.
-    if unsafe { libc::kill(pid, libc::SIGKILL) } != 0 {
+    if unsafe { libc::kill(pid, signal) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// [`signal`] with SIGKILL.
+pub fn sigkill(pid: i64) -> std::io::Result<()> {
+    signal(pid, libc::SIGKILL)
 }

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use belayer_integration::episode::{self, Sandbox, is_contiguous};
-use belayer_integration::{Containerd, Flavor};
+use belayer_integration::{Containerd, Flavor, signal};
 use common::*;
 
 /// Lines in `a` not in `b`, for readable failures.
@@ -365,22 +365,19 @@ fn state_answers_while_a_checkpoint_holds_the_container() {
     let daemon = (0..10)
         .find_map(|_| {
             restore(&c, "held", Some(&cp));
-            let pid: i32 = std::fs::read_to_string(work.join("lazy-pages.pid"))
+            let pid: i64 = std::fs::read_to_string(work.join("lazy-pages.pid"))
                 .ok()?
                 .trim()
                 .parse()
-                .ok()
-                .filter(|p| *p > 0)?;
-            // SAFETY: kill(2) of one process (pid > 0): the daemon of this restore.
-            (unsafe { libc::kill(pid, libc::SIGSTOP) } == 0).then_some(pid)
+                .ok()?;
+            signal(pid, libc::SIGSTOP).ok().map(|()| pid)
         })
         .expect("no lazy-pages daemon was still filling after any of 10 restores");
     /// Lets the daemon go on, also when an assertion below fails.
-    struct Resume(i32);
+    struct Resume(i64);
     impl Drop for Resume {
         fn drop(&mut self) {
-            // SAFETY: kill(2) of the daemon stopped above (pid > 0).
-            unsafe { libc::kill(self.0, libc::SIGCONT) };
+            let _ = signal(self.0, libc::SIGCONT);
         }
     }
     let resume = Resume(daemon);

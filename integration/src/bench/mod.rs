@@ -39,6 +39,47 @@ pub fn start_as_root(bench: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The `main` of a benchmark binary `name`: `parsed` is its command line (`None`: it asked for
+/// `--help`, and `usage` is printed). Then [`start_as_root`], `prepare` (set-up done while still
+/// single-threaded) and `bench`. Exits 0 when every check passed, 1 when one failed or the run
+/// broke, 2 for a bad command line or a failed set-up; errors are one line on stderr.
+pub fn run_main<A>(
+    name: &str,
+    usage: &str,
+    parsed: Result<Option<A>, String>,
+    prepare: impl FnOnce() -> Result<(), String>,
+    bench: impl FnOnce(&A) -> Result<bool, String>,
+) -> std::process::ExitCode {
+    use std::process::ExitCode;
+    let args = match parsed {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{usage}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = start_as_root(name) {
+        eprintln!("{e}");
+        return ExitCode::from(2);
+    }
+    if let Err(e) = prepare() {
+        eprintln!("{name}: {e}");
+        return ExitCode::from(2);
+    }
+    match bench(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 /// Polls `f` every 20 ms until it holds or `limit` passes; returns whether it held.
 pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

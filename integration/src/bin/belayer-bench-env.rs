@@ -16,29 +16,11 @@ use belayer_integration::{Containerd, Flavor, prereq};
 use serde_json::{Value, json};
 
 fn main() -> ExitCode {
-    let args = match args::parse(std::env::args().skip(1)) {
-        Ok(Parsed::Run(a)) => a,
-        Ok(Parsed::Help) => {
-            println!("{}", args::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("belayer-bench-env: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if let Err(e) = belayer_integration::bench::start_as_root("belayer-bench-env") {
-        eprintln!("{e}");
-        return ExitCode::from(2);
-    }
-    match bench(&args) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("belayer-bench-env: {e}");
-            ExitCode::from(1)
-        }
-    }
+    let parsed = args::parse(std::env::args().skip(1)).map(|p| match p {
+        Parsed::Run(a) => Some(a),
+        Parsed::Help => None,
+    });
+    belayer_integration::bench::run_main("belayer-bench-env", args::USAGE, parsed, || Ok(()), bench)
 }
 
 /// Runs every measurement `args.runs` times and reports; `Ok(false)` when a check failed.

@@ -52,29 +52,8 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse(std::env::args().skip(1)) {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("belayer-bench-gateway: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if let Err(e) = belayer_integration::bench::start_as_root("belayer-bench-gateway") {
-        eprintln!("{e}");
-        return ExitCode::from(2);
-    }
-    match bench(&args) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("belayer-bench-gateway: {e}");
-            ExitCode::from(1)
-        }
-    }
+    let parsed = parse(std::env::args().skip(1));
+    belayer_integration::bench::run_main("belayer-bench-gateway", USAGE, parsed, || Ok(()), bench)
 }
 
 /// Nearest-rank percentile `p` (0–100) of sorted `xs`, in microseconds.

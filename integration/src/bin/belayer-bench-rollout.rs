@@ -13,39 +13,25 @@ use belayer_integration::{Containerd, Flavor, prereq};
 use serde_json::json;
 
 fn main() -> ExitCode {
-    let args = match args::parse(std::env::args().skip(1)) {
-        Ok(Parsed::Run(a)) => a,
-        Ok(Parsed::Help) => {
-            println!("{}", args::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("belayer-bench-rollout: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if let Err(e) = belayer_integration::bench::start_as_root("belayer-bench-rollout") {
-        eprintln!("{e}");
-        return ExitCode::from(2);
-    }
+    let parsed = args::parse(std::env::args().skip(1)).map(|p| match p {
+        Parsed::Run(a) => Some(a),
+        Parsed::Help => None,
+    });
     // The target dir is shared with builds that replace these binaries while the benchmark
     // runs: run a private snapshot of them.
-    match snapshot_bins() {
+    let snapshot = || {
+        let dir = snapshot_bins()?;
         // SAFETY: still single-threaded, nothing reads the environment concurrently.
-        Ok(dir) => unsafe { std::env::set_var("BELAYER_BIN_DIR", dir) },
-        Err(e) => {
-            eprintln!("belayer-bench-rollout: {e}");
-            return ExitCode::from(2);
-        }
-    }
-    match bench(&args) {
-        Ok(true) => ExitCode::SUCCESS,
-        Ok(false) => ExitCode::from(1),
-        Err(e) => {
-            eprintln!("belayer-bench-rollout: {e}");
-            ExitCode::from(1)
-        }
-    }
+        unsafe { std::env::set_var("BELAYER_BIN_DIR", dir) };
+        Ok(())
+    };
+    belayer_integration::bench::run_main(
+        "belayer-bench-rollout",
+        args::USAGE,
+        parsed,
+        snapshot,
+        bench,
+    )
 }
 
 const BINS: [&str; 4] = [
