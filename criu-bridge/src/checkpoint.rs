@@ -38,6 +38,12 @@ pub struct CheckpointRequest<'a> {
     pub leave_running: bool,
     /// CRIU options.
     pub criu: CriuOptions,
+    /// Never keep the container frozen for a task CRIU cannot stop now (see [`crate::blocked`]):
+    /// fail at once with [`CheckpointError::Blocked`], and do not retry a dump that could not
+    /// seize a task. For automatic checkpoints, which may be skipped but must not stall the
+    /// container. Otherwise the checkpoint waits: up to [`VFORK_PATIENCE`] for a vfork to
+    /// finish (thawed while it waits), and one retry of a dump that could not seize a task.
+    pub yield_to_blocked: bool,
 }
 
 /// Why a checkpoint failed. In every case no partial checkpoint is left and, with
@@ -55,6 +61,19 @@ pub enum CheckpointError {
     DiskFull {
         /// What was being written.
         path: PathBuf,
+    },
+    /// A task of the container cannot be stopped now (uninterruptible sleep, or a vfork whose
+    /// child has not exec'd yet) and the request yields to it
+    /// ([`CheckpointRequest::yield_to_blocked`]), or waited for it in vain. The container runs.
+    #[error(
+        "container {id}: {task}; CRIU could not stop it, and a checkpoint now would keep the \
+         container frozen until it can, so none was taken"
+    )]
+    Blocked {
+        /// The container.
+        id: String,
+        /// The task.
+        task: crate::blocked::BlockedTask,
     },
     /// The container cannot be found or inspected.
     #[error("cannot inspect container {id}")]
@@ -205,6 +224,16 @@ pub fn checkpoint_container_with(
             status: state.status,
         });
     }
+    // Running, a task in `D` is really blocked (frozen, every task reads `D`): do not even freeze.
+    if req.yield_to_blocked
+        && state.status == "running"
+        && let Some(task) = crate::blocked::blocked_task(state.pid)
+    {
+        return Err(CheckpointError::Blocked {
+            id: id.into(),
+            task,
+        });
+    }
     let spec_path = req.bundle.join("config.json");
     let spec = std::fs::read(&spec_path).map_err(|source| CheckpointError::Spec {
         path: spec_path.clone(),
@@ -221,21 +250,34 @@ pub fn checkpoint_container_with(
         None => None,
     };
     let mut attempt = 1;
+    let waiting_since = Instant::now();
     let (pending, mut t, index, capture) = loop {
         let pending = req
             .store
             .begin(&lock)
             .map_err(|e| CheckpointError::store(id, e))?;
         let mut t = Timings::default();
+        let running = state.status == "running";
         match one_instant(
             req,
             &pending,
             parent_index.as_ref(),
-            state.status == "running",
+            running,
+            state.pid,
             &mut t,
         ) {
             Ok((index, capture)) => break (pending, t, index, capture),
-            Err(e) if attempt < DUMP_ATTEMPTS && e.is_transient_seize_failure() => {
+            Err(CheckpointError::Blocked { .. })
+                if !req.yield_to_blocked && waiting_since.elapsed() < VFORK_PATIENCE =>
+            {
+                // Thawed again: the vfork child gets to run its exec.
+                std::thread::sleep(VFORK_RETRY);
+            }
+            Err(e)
+                if !req.yield_to_blocked
+                    && attempt < DUMP_ATTEMPTS
+                    && e.is_transient_seize_failure() =>
+            {
                 // The container runs again (a failed dump thaws it); its partial images go with
                 // `pending`.
                 tracing::warn!(container = id, error = %e, attempt, "CRIU could not seize a task; trying again");
@@ -280,24 +322,33 @@ pub fn checkpoint_container_with(
 /// Dumps tried before a transient seize failure is reported.
 const DUMP_ATTEMPTS: u32 = 2;
 
+/// How long a checkpoint that does not yield waits for a vfork in the container to finish.
+pub const VFORK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Pause between its looks, with the container running.
+const VFORK_RETRY: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl CheckpointError {
-    /// CRIU timed out seizing a task caught in the middle of something (seen: a child forked
-    /// the moment the cgroup froze, reported in state D). The container was thawed; a second
-    /// attempt normally succeeds.
+    /// CRIU timed out seizing a task caught in the middle of something it could not be stopped
+    /// in (a vfork is looked for before the dump; this is whatever else there is). The
+    /// container was thawed; a second attempt normally succeeds.
     pub fn is_transient_seize_failure(&self) -> bool {
         matches!(self, CheckpointError::Dump { log, .. }
             if log.lines.iter().any(|l| l.contains("Unseizable non-zombie")))
     }
 }
 
-/// The frozen window: pause (if `pause`) → dump → capture → thaw; in exit mode the capture
-/// comes first (still frozen, so the same instant): once CRIU has killed the processes, a
-/// failed capture could not be undone. Any failure thaws what this call froze.
+/// The frozen window: pause (if `pause`) → a look for a vfork in progress under `init` (the
+/// container's init; thawed and [`CheckpointError::Blocked`] if there is one) → dump → capture
+/// → thaw; in exit mode the capture comes first (still frozen, so the same instant): once CRIU
+/// has killed the processes, a failed capture could not be undone. Any failure thaws what this
+/// call froze.
 fn one_instant(
     req: &CheckpointRequest<'_>,
     pending: &PendingCheckpoint,
     parent_index: Option<&LayerIndex>,
     pause: bool,
+    init: i32,
     t: &mut Timings,
 ) -> Result<(LayerIndex, CaptureStats), CheckpointError> {
     let id = req.id;
@@ -316,6 +367,14 @@ fn one_instant(
         id,
         armed: pause,
     };
+    // Frozen now, no task starts a vfork; one caught inside one would stall CRIU's seize for its
+    // whole timeout. (A container paused by its user stays paused: CRIU gets it as it is.)
+    if pause && let Some(task) = crate::blocked::vfork_waiter(init) {
+        return Err(CheckpointError::Blocked {
+            id: id.into(),
+            task,
+        });
+    }
 
     let capture = |t: &mut Timings| {
         let at = Instant::now();

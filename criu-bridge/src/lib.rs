@@ -2,6 +2,7 @@
 //! filesystem (incremental overlay layers) at one instant, in Belayer's checkpoint format.
 //! See README.md for the API overview and the on-disk format.
 
+pub mod blocked;
 mod checkpoint;
 pub mod criu;
 pub mod layer;

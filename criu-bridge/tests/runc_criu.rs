@@ -34,6 +34,7 @@ fn request<'a>(
         parent,
         leave_running,
         criu: CriuOptions::default(),
+        yield_to_blocked: false,
     }
 }
 
@@ -378,6 +379,7 @@ fn an_old_criu_is_refused_by_name_before_anything_is_touched() {
         parent: None,
         leave_running: true,
         criu: CriuOptions::default(),
+        yield_to_blocked: false,
     };
     let err = checkpoint_container(&req).unwrap_err();
     assert!(matches!(err, CheckpointError::Criu(_)), "{err}");

@@ -92,6 +92,7 @@ fn run(e: &Env, leave_running: bool) -> Result<criu_bridge::Checkpoint, Checkpoi
         parent: None,
         leave_running,
         criu: CriuOptions::default(),
+        yield_to_blocked: false,
     })
 }
 
@@ -169,6 +170,7 @@ fn a_stale_parent_is_re_read_so_the_chain_stays_whole() {
         parent,
         leave_running: true,
         criu: CriuOptions::default(),
+        yield_to_blocked: false,
     };
     let cp1 = checkpoint_container(&req(None)).unwrap();
     std::fs::write(upper.join("etc/y"), "y").unwrap();

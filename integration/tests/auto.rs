@@ -31,27 +31,64 @@ fn action(turn: usize) -> String {
     )
 }
 
+/// Where one turn's time went: the action's exec, the hint call (run beside the think time,
+/// but the turn waits for it), and the whole turn.
+struct Turn {
+    exec: Duration,
+    hint: Duration,
+    total: Duration,
+}
+
+impl std::fmt::Debug for Turn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exec {}ms hint {}ms turn {}ms",
+            self.exec.as_millis(),
+            self.hint.as_millis(),
+            self.total.as_millis()
+        )
+    }
+}
+
 /// Runs turns `from..to` as an agent loop: action, then the LLM's think time. With `hints`, the
 /// loop fires an `llm-start` hint as the generation starts, without waiting for it (as an LLM
-/// gateway does). Returns the loop's wall time.
-fn agent_loop(c: &Containerd, s: &Sandbox, hints: bool, turns: std::ops::Range<usize>) -> Duration {
+/// gateway does). Returns the loop's wall time and each turn's.
+fn agent_loop(
+    c: &Containerd,
+    s: &Sandbox,
+    hints: bool,
+    turns: std::ops::Range<usize>,
+) -> (Duration, Vec<Turn>) {
     let gaps = gaps();
     let start = Instant::now();
+    let mut times = Vec::new();
     for t in turns {
+        let turn_start = Instant::now();
         let out = s.exec(&action(t + 1), None);
+        let exec = turn_start.elapsed();
         assert_eq!(out.code, 0, "turn {}: {out:?}", t + 1);
-        std::thread::scope(|scope| {
-            if hints {
+        let hint = std::thread::scope(|scope| {
+            let hint = hints.then(|| {
                 let ms = gaps[t].as_millis().to_string();
                 scope.spawn(move || {
+                    let sent = Instant::now();
                     c.belayer(&["hint", &s.id, "llm-start", "--expected-ms", &ms])
-                        .ok()
-                });
-            }
+                        .ok();
+                    sent.elapsed()
+                })
+            });
             std::thread::sleep(gaps[t]);
+            hint.map(|h| h.join().expect("hint thread"))
+                .unwrap_or_default()
+        });
+        times.push(Turn {
+            exec,
+            hint,
+            total: turn_start.elapsed(),
         });
     }
-    start.elapsed()
+    (start.elapsed(), times)
 }
 
 fn auto_sandbox<'a>(c: &'a Containerd, id: &str) -> Sandbox<'a> {
@@ -75,7 +112,7 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
 
     let reference = Sandbox::start(&c, RUNC, "loop-runc");
     reference.run(&episode::actions(64));
-    let runc_wall = agent_loop(&c, &reference, false, 0..TURNS);
+    let (runc_wall, runc_turns) = agent_loop(&c, &reference, false, 0..TURNS);
     remove(&c, "loop-runc");
 
     let s = auto_sandbox(&c, "loop-auto");
@@ -84,7 +121,7 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
         .stdout
         .lines()
         .count();
-    let auto_wall = agent_loop(&c, &s, true, 0..TURNS);
+    let (auto_wall, auto_turns) = agent_loop(&c, &s, true, 0..TURNS);
     let taken = c
         .belayer(&["checkpoints", "loop-auto"])
         .stdout
@@ -93,7 +130,8 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
         - before;
     let overhead = auto_wall.as_secs_f64() / runc_wall.as_secs_f64() - 1.0;
     println!(
-        "12 turns: runc-v2 {runc_wall:?}, belayer auto {auto_wall:?} ({:+.2} %), {taken} checkpoints",
+        "12 turns: runc-v2 {runc_wall:?}, belayer auto {auto_wall:?} ({:+.2} %), {taken} checkpoints\n\
+         belayer: {auto_turns:?}\nrunc-v2: {runc_turns:?}",
         overhead * 100.0
     );
     assert!(
@@ -102,7 +140,8 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
     );
     assert!(
         overhead <= 0.02,
-        "automatic mode made the episode {:.2} % slower ({auto_wall:?} vs {runc_wall:?})",
+        "automatic mode made the episode {:.2} % slower ({auto_wall:?} vs {runc_wall:?});\n\
+         turns under belayer: {auto_turns:#?}\nturns under runc-v2: {runc_turns:#?}",
         overhead * 100.0
     );
     remove(&c, "loop-auto");

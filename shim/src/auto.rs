@@ -18,6 +18,9 @@ pub const CHECKPOINT_ANNOTATION: &str = "io.belayer.checkpoint";
 pub const RECOVER_ANNOTATION: &str = "io.belayer.recover";
 pub const POLICY_ANNOTATION: &str = "io.belayer.policy";
 pub const KEEP_ANNOTATION: &str = "io.belayer.keep";
+/// How soon an automatic checkpoint skipped for a task that could not be stopped is considered
+/// again.
+const BLOCKED_RETRY: Duration = Duration::from_millis(100);
 /// Topic of the event published when a container was recovered (a `TaskStart` with the new pid).
 pub const RECOVERED_TOPIC: &str = "/tasks/belayer/recovered";
 
@@ -199,6 +202,17 @@ impl Inner {
                 if let Err(e) = self.retain(id).await {
                     warn!("container {id}: retention: {e}");
                 }
+            }
+            Err(crate::error::Error::Blocked(why)) => {
+                // Nothing was kept frozen. Such a wait is short (an exec after a vfork) or ends
+                // with the disk's backlog; the scheduler may try again within the same gap.
+                info!("container {id}: automatic checkpoint skipped for now: {why}");
+                let _ = self.sched().on_checkpoint_failed(id);
+                let (inner, id) = (self.clone(), id.to_string());
+                tokio::spawn(async move {
+                    tokio::time::sleep(BLOCKED_RETRY).await;
+                    inner.consider(&id);
+                });
             }
             Err(e) => {
                 warn!("container {id}: automatic checkpoint failed: {e}");

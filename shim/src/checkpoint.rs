@@ -60,6 +60,7 @@ impl From<CheckpointError> for Error {
                 "disk full while writing checkpoint {}; nothing was kept",
                 path.display()
             )),
+            e @ CheckpointError::Blocked { .. } => Error::Blocked(e.to_string()),
             CheckpointError::NotRunning { id, status } => {
                 Error::FailedPrecondition(format!("container {id} is {status}, not running"))
             }
@@ -124,16 +125,17 @@ impl Inner {
         let shared = self.get(id)?;
         let _busy = Busy::now(&shared, id)?;
         let c = shared.lock().await;
-        self.checkpoint_locked(&shared, c, id, exit).await
+        self.checkpoint_locked(&shared, c, id, exit, false).await
     }
 
     /// Checkpoints container `id` once its lock is free (an exit being recorded, an exec
-    /// starting): the automatic path.
+    /// starting): the automatic path. It yields to a task that cannot be stopped now
+    /// ([`Error::Blocked`]) rather than keep the container frozen.
     pub async fn checkpoint_when_free(self: &Arc<Self>, id: &str) -> Result<CheckpointInfo> {
         let shared = self.get(id)?;
         let c = shared.lock().await;
         let _busy = Busy::take(&c)?;
-        self.checkpoint_locked(&shared, c, id, false).await
+        self.checkpoint_locked(&shared, c, id, false, true).await
     }
 
     async fn checkpoint_locked(
@@ -142,6 +144,7 @@ impl Inner {
         c: tokio::sync::MutexGuard<'_, Container>,
         id: &str,
         exit: bool,
+        yield_to_blocked: bool,
     ) -> Result<CheckpointInfo> {
         if !c.init.is_running() {
             return Err(Error::FailedPrecondition(format!(
@@ -207,6 +210,7 @@ impl Inner {
                     parent: fs.parent.as_ref(),
                     leave_running: !exit,
                     criu: CriuOptions::default(),
+                    yield_to_blocked,
                 },
                 &mut || {
                     if let Some(tx) = thawed_tx.take() {

@@ -20,6 +20,10 @@ pub enum Error {
     InProgress(String),
     #[error("{0}")]
     DiskFull(String),
+    /// A task of the container cannot be stopped for a checkpoint now; the container runs and
+    /// a later attempt may succeed.
+    #[error("{0}")]
+    Blocked(String),
     #[error("{0}")]
     Corrupt(String),
     #[error("{0}")]
@@ -65,6 +69,7 @@ impl From<Error> for ttrpc::Error {
             | Error::CheckpointNotFound(_) => (Code::NOT_FOUND, Some("not found")),
             Error::InProgress(_) => (Code::FAILED_PRECONDITION, Some("failed precondition")),
             Error::DiskFull(_) => (Code::RESOURCE_EXHAUSTED, None),
+            Error::Blocked(_) => (Code::UNAVAILABLE, Some("unavailable")),
             Error::Corrupt(_) => (Code::DATA_LOSS, None),
             Error::Checkpoint(_) => (Code::UNKNOWN, None),
             Error::AlreadyExists(_) => (Code::ALREADY_EXISTS, Some("already exists")),
@@ -96,6 +101,7 @@ impl Error {
             | Error::AlreadyExists(_) => 409,
             Error::Corrupt(_) => 422,
             Error::DiskFull(_) => 507,
+            Error::Blocked(_) => 503,
             Error::InvalidArgument(_) => 400,
             Error::Unimplemented(_) => 501,
             _ => 500,

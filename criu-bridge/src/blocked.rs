@@ -1,0 +1,199 @@
+//! Tasks CRIU cannot seize now. CRIU stops a container's tasks with ptrace and waits, with no
+//! limit but its `--timeout` (10 s by default), for each to stop; all that time the container is
+//! frozen. Two kinds of task do not stop until something else happens:
+//!
+//! - a task in uninterruptible sleep (`D`), most often waiting for disk I/O: it stops when the
+//!   wait ends, seconds later on a disk busy writing back gigabytes;
+//! - a task in the middle of `vfork` (dash runs every command this way): it waits until its
+//!   child calls `exec`, but CRIU stops the child first, so the parent never stops and the dump
+//!   fails after the full timeout.
+//!
+//! A checkpoint looks for them first: [`blocked_task`] before freezing (a running task in `D` is
+//! really blocked), [`vfork_waiter`] once frozen (the freezer reports frozen tasks as `D` too,
+//! but a vfork wait keeps its kernel function).
+
+use std::path::Path;
+
+/// A task that CRIU could not stop now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockedTask {
+    /// Its thread id (the pid, for a single-threaded process).
+    pub tid: i32,
+    /// Its command name.
+    pub comm: String,
+    /// The kernel function it waits in, when the kernel tells.
+    pub wchan: String,
+}
+
+impl BlockedTask {
+    /// Is it waiting for a vfork child to exec or exit?
+    pub fn in_vfork(&self) -> bool {
+        is_vfork_wait(&self.wchan)
+    }
+}
+
+impl std::fmt::Display for BlockedTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "task {} ({})", self.tid, self.comm)?;
+        if self.in_vfork() {
+            write!(f, " is in vfork, waiting for its child to exec")
+        } else if self.wchan.is_empty() || self.wchan == "0" {
+            write!(f, " is in uninterruptible sleep")
+        } else {
+            write!(f, " is in uninterruptible sleep in {}", self.wchan)
+        }
+    }
+}
+
+/// Kernel functions a vfork parent waits in: `kernel_clone` since Linux 5.10 (the wait is
+/// inlined into it), `_do_fork` before, `wait_for_vfork_done` where it is not inlined.
+fn is_vfork_wait(wchan: &str) -> bool {
+    matches!(
+        wchan,
+        "kernel_clone" | "_do_fork" | "do_fork" | "wait_for_vfork_done"
+    )
+}
+
+/// The first thread of `init` or of its descendants in uninterruptible sleep. Only meaningful
+/// while the tree runs: frozen tasks read as `D` too. A task that exits during the walk is
+/// skipped.
+pub fn blocked_task(init: i32) -> Option<BlockedTask> {
+    find(Path::new("/proc"), init, |state, _| state == 'D')
+}
+
+/// The first thread of `init` or of its descendants waiting for a vfork child to exec, frozen or
+/// not.
+pub fn vfork_waiter(init: i32) -> Option<BlockedTask> {
+    find(Path::new("/proc"), init, |state, wchan| {
+        state == 'D' && is_vfork_wait(wchan)
+    })
+}
+
+/// Walks the threads of `init` and its descendants (through each thread's `children`) for the
+/// first one `pred(state, wchan)` accepts.
+fn find(proc: &Path, init: i32, pred: impl Fn(char, &str) -> bool) -> Option<BlockedTask> {
+    let mut pending = vec![init];
+    // A tree that forks faster than the walk reads must not keep it going.
+    let mut visited = 0usize;
+    while let Some(pid) = pending.pop() {
+        visited += 1;
+        if visited > 100_000 {
+            break;
+        }
+        let Ok(threads) = std::fs::read_dir(proc.join(pid.to_string()).join("task")) else {
+            continue;
+        };
+        for t in threads.flatten() {
+            let dir = t.path();
+            let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            if let Ok(stat) = std::fs::read_to_string(dir.join("stat"))
+                && let Some((comm, state)) = parse_stat(&stat)
+                && state == 'D'
+            {
+                let wchan = std::fs::read_to_string(dir.join("wchan")).unwrap_or_default();
+                let wchan = wchan.trim();
+                if pred(state, wchan) {
+                    return Some(BlockedTask {
+                        tid,
+                        comm: comm.to_string(),
+                        wchan: wchan.to_string(),
+                    });
+                }
+            }
+            if let Ok(children) = std::fs::read_to_string(dir.join("children")) {
+                pending.extend(
+                    children
+                        .split_whitespace()
+                        .filter_map(|c| c.parse::<i32>().ok()),
+                );
+            }
+        }
+    }
+    None
+}
+
+/// Command name and state of a `/proc/<pid>/stat` line. The name is in parentheses and may
+/// itself hold spaces and parentheses: it ends at the last `)`.
+fn parse_stat(stat: &str) -> Option<(&str, char)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?;
+    let state = stat.get(close + 1..)?.trim_start().chars().next()?;
+    Some((comm, state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_names_may_hold_parentheses_and_spaces() {
+        assert_eq!(
+            parse_stat("42 (a (b) c) D 1 42 42 0 -1"),
+            Some(("a (b) c", 'D'))
+        );
+        assert_eq!(parse_stat("7 (sh) S 1"), Some(("sh", 'S')));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    /// A fake /proc: pid 1 (thread 1) with child 5 (threads 5 and 6); thread 6 has `state6`
+    /// and `wchan6`.
+    fn fake_proc(state6: char, wchan6: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let thread = |pid: i32, tid: i32, state: char, wchan: &str, children: &str| {
+            let t = dir.path().join(format!("{pid}/task/{tid}"));
+            std::fs::create_dir_all(&t).unwrap();
+            std::fs::write(t.join("stat"), format!("{tid} (w{tid}) {state} 1 1")).unwrap();
+            std::fs::write(t.join("wchan"), wchan).unwrap();
+            std::fs::write(t.join("children"), children).unwrap();
+        };
+        thread(1, 1, 'S', "do_wait", "5 ");
+        thread(5, 5, 'R', "0", "");
+        thread(5, 6, state6, wchan6, "");
+        dir
+    }
+
+    #[test]
+    fn finds_a_blocked_thread_of_a_descendant() {
+        let p = fake_proc('D', "folio_wait_bit_common");
+        let found = find(p.path(), 1, |s, _| s == 'D').unwrap();
+        assert_eq!(
+            found,
+            BlockedTask {
+                tid: 6,
+                comm: "w6".into(),
+                wchan: "folio_wait_bit_common".into()
+            }
+        );
+        assert!(!found.in_vfork());
+        assert_eq!(
+            found.to_string(),
+            "task 6 (w6) is in uninterruptible sleep in folio_wait_bit_common"
+        );
+        let p = fake_proc('S', "hrtimer_nanosleep");
+        assert_eq!(find(p.path(), 1, |s, _| s == 'D'), None);
+        // A tree that is gone has nothing blocked.
+        assert_eq!(find(p.path(), 99, |s, _| s == 'D'), None);
+    }
+
+    #[test]
+    fn a_vfork_parent_is_told_from_a_frozen_task() {
+        let vfork = |state, wchan| {
+            find(fake_proc(state, wchan).path(), 1, |s, w| {
+                s == 'D' && is_vfork_wait(w)
+            })
+        };
+        // Frozen in a freezable sleep: reads D, but CRIU can stop it.
+        assert_eq!(vfork('D', "hrtimer_nanosleep"), None);
+        assert_eq!(vfork('D', "__refrigerator"), None);
+        let parent = vfork('D', "kernel_clone").unwrap();
+        assert!(parent.in_vfork());
+        assert_eq!(
+            parent.to_string(),
+            "task 6 (w6) is in vfork, waiting for its child to exec"
+        );
+        assert!(vfork('D', "_do_fork").is_some());
+    }
+}
