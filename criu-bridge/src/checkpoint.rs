@@ -251,6 +251,7 @@ pub fn checkpoint_container_with(
     };
     let mut attempt = 1;
     let waiting_since = Instant::now();
+    let mut backoff = VFORK_RETRY_FIRST;
     let (pending, mut t, index, capture) = loop {
         let pending = req
             .store
@@ -270,8 +271,10 @@ pub fn checkpoint_container_with(
             Err(CheckpointError::Blocked { .. })
                 if !req.yield_to_blocked && waiting_since.elapsed() < VFORK_PATIENCE =>
             {
-                // Thawed again: the vfork child gets to run its exec.
-                std::thread::sleep(VFORK_RETRY);
+                // Thawed again: the vfork child gets to run its exec. Most are done within a
+                // millisecond; one that is not may be stuck for long, and each look freezes.
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(VFORK_RETRY_MAX);
             }
             Err(e)
                 if !req.yield_to_blocked
@@ -325,8 +328,9 @@ const DUMP_ATTEMPTS: u32 = 2;
 /// How long a checkpoint that does not yield waits for a vfork in the container to finish.
 pub const VFORK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Pause between its looks, with the container running.
-const VFORK_RETRY: std::time::Duration = std::time::Duration::from_millis(5);
+/// Pauses between its looks, with the container running: the first, doubling up to the last.
+const VFORK_RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(2);
+const VFORK_RETRY_MAX: std::time::Duration = std::time::Duration::from_millis(200);
 
 impl CheckpointError {
     /// CRIU timed out seizing a task caught in the middle of something it could not be stopped

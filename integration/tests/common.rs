@@ -84,3 +84,39 @@ pub fn remove(c: &Containerd, id: &str) {
     c.ctr(&["tasks", "rm", id]).ok();
     c.ctr(&["containers", "rm", id]).ok();
 }
+
+/// Leaves a python3 in `s` stuck in vfork until something opens `/gate` for writing: glibc's
+/// posix_spawn clones with CLONE_VFORK, and a file action opening that FIFO (nobody writes it)
+/// holds the child before its exec, so the parent waits. CRIU cannot stop such a parent.
+#[track_caller]
+pub fn hold_in_vfork(s: &belayer_integration::episode::Sandbox) {
+    let holder = "import os, time; os.posix_spawn('/bin/true', ['true'], os.environ, \
+                  file_actions=[(os.POSIX_SPAWN_OPEN, 0, '/gate', os.O_RDONLY, 0)]); \
+                  time.sleep(3600)";
+    let started = s.exec(
+        &format!("mkfifo /gate && (nohup python3 -c \"{holder}\" > /dev/null 2>&1 &)"),
+        None,
+    );
+    assert_eq!(started.code, 0, "{started:?}");
+    assert!(
+        wait_until(Duration::from_secs(20), || in_vfork(s)),
+        "python3 never got stuck in vfork"
+    );
+}
+
+/// Is a task of `s` waiting for its vfork child to exec?
+pub fn in_vfork(s: &belayer_integration::episode::Sandbox) -> bool {
+    s.exec("grep -l kernel_clone /proc/[0-9]*/wchan 2>/dev/null", None)
+        .stdout
+        .contains("/wchan")
+}
+
+/// Lets the task [`hold_in_vfork`] holds go on.
+#[track_caller]
+pub fn release_vfork(s: &belayer_integration::episode::Sandbox) {
+    assert_eq!(s.exec("echo > /gate", None).code, 0);
+    assert!(
+        wait_until(Duration::from_secs(10), || !in_vfork(s)),
+        "python3 still in vfork after its child got the FIFO"
+    );
+}

@@ -124,18 +124,56 @@ impl Inner {
     pub async fn checkpoint(self: &Arc<Self>, id: &str, exit: bool) -> Result<CheckpointInfo> {
         let shared = self.get(id)?;
         let _busy = Busy::now(&shared, id)?;
+        // The busy flag keeps restores out, so no new fill can start meanwhile.
+        self.settle_lazy_fill(&shared, id).await?;
         let c = shared.lock().await;
         self.checkpoint_locked(&shared, c, id, exit, false).await
     }
 
     /// Checkpoints container `id` once its lock is free (an exit being recorded, an exec
-    /// starting): the automatic path. It yields to a task that cannot be stopped now
-    /// ([`Error::Blocked`]) rather than keep the container frozen.
+    /// starting): the automatic path. It yields ([`Error::Blocked`]) rather than keep the
+    /// container frozen for a task that cannot be stopped now, or wait for the memory fill of a
+    /// lazy restore.
     pub async fn checkpoint_when_free(self: &Arc<Self>, id: &str) -> Result<CheckpointInfo> {
         let shared = self.get(id)?;
         let c = shared.lock().await;
         let _busy = Busy::take(&c)?;
+        if let Some(fill) = c.lazy_fill.as_ref().filter(|f| !f.is_done()) {
+            return Err(Error::Blocked(format!(
+                "container {id}: criu lazy-pages (pid {}) is still filling the memory of its \
+                 last restore",
+                fill.pid()
+            )));
+        }
         self.checkpoint_locked(&shared, c, id, false, true).await
+    }
+
+    /// Waits, without holding the container, for the memory fill of its last lazy restore to
+    /// finish: pages not yet filled would look absent to a dump. Up to [`LAZY_FILL_WAIT`].
+    async fn settle_lazy_fill(
+        &self,
+        shared: &tokio::sync::Mutex<Container>,
+        id: &str,
+    ) -> Result<()> {
+        let Some(fill) = shared.lock().await.lazy_fill.clone() else {
+            return Ok(());
+        };
+        let waiting = fill.clone();
+        let done = tokio::task::spawn_blocking(move || waiting.wait(LAZY_FILL_WAIT))
+            .await
+            .map_err(|e| Error::Checkpoint(format!("waiting for the lazy-pages daemon: {e}")))?;
+        if !done {
+            return Err(Error::FailedPrecondition(format!(
+                "container {id}: the memory of its last (lazy) restore is still being filled by \
+                 criu lazy-pages (pid {}) after {LAZY_FILL_WAIT:?}; try again",
+                fill.pid()
+            )));
+        }
+        let mut c = shared.lock().await;
+        if c.lazy_fill.as_ref().is_some_and(|f| Arc::ptr_eq(f, &fill)) {
+            c.lazy_fill = None;
+        }
+        Ok(())
     }
 
     async fn checkpoint_locked(
@@ -152,26 +190,15 @@ impl Inner {
             )));
         }
         let mut c = c;
-        // After a lazy restore, pages not yet filled look absent to a dump: let the fill finish.
-        if let Some(lazy) = c.lazy_fill.take() {
-            let lazy = tokio::task::spawn_blocking(move || {
-                let done = lazy.wait(LAZY_FILL_WAIT);
-                (lazy, done)
-            })
-            .await
-            .map_err(|e| Error::Checkpoint(format!("waiting for the lazy-pages daemon: {e}")));
-            match lazy {
-                Ok((_, true)) => {}
-                Ok((lazy, false)) => {
-                    let pid = lazy.pid();
-                    c.lazy_fill = Some(lazy);
-                    return Err(Error::FailedPrecondition(format!(
-                        "container {id}: the memory of its last (lazy) restore is still being \
-                         filled by criu lazy-pages (pid {pid}) after {LAZY_FILL_WAIT:?}; try again"
-                    )));
-                }
-                Err(e) => return Err(e),
+        // Both callers made sure the fill is over; a finished daemon is forgotten.
+        match c.lazy_fill.as_ref().map(|f| (f.is_done(), f.pid())) {
+            Some((false, pid)) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "container {id}: criu lazy-pages (pid {pid}) is still filling its memory"
+                )));
             }
+            Some((true, _)) => c.lazy_fill = None,
+            None => {}
         }
         let mut fs = c.fs_state()?;
         // Retention may have compacted the parent since (its chain is now just itself).
@@ -422,7 +449,7 @@ impl Inner {
         })
         .await
         .map_err(|e| Error::Checkpoint(e.to_string()))??;
-        c.lazy_fill = report.lazy;
+        c.lazy_fill = report.lazy.map(Arc::new);
         let pid = std::fs::read_to_string(&pid_file)
             .map_err(io(format!("read {}", pid_file.display())))?
             .trim()

@@ -41,8 +41,8 @@ pub struct Container {
     /// containerd signalled init: its death is no crash to recover from.
     pub killed: bool,
     /// The daemon still filling memory after a lazy restore; a checkpoint waits for it (a dump
-    /// would see the pages not yet filled as absent).
-    pub lazy_fill: Option<criu_bridge::lazy::LazyPages>,
+    /// would see the pages not yet filled as absent), without holding the container.
+    pub lazy_fill: Option<Arc<criu_bridge::lazy::LazyPages>>,
 }
 
 /// What the next checkpoint captures and stacks on.
