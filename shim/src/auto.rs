@@ -208,11 +208,23 @@ impl Inner {
                 // with the disk's backlog; the scheduler may try again within the same gap.
                 info!("container {id}: automatic checkpoint skipped for now: {why}");
                 let _ = self.sched().on_checkpoint_failed(id);
-                let (inner, id) = (self.clone(), id.to_string());
-                tokio::spawn(async move {
-                    tokio::time::sleep(BLOCKED_RETRY).await;
-                    inner.consider(&id);
-                });
+                let first = self
+                    .retries
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.to_string());
+                if first {
+                    let (inner, id) = (self.clone(), id.to_string());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(BLOCKED_RETRY).await;
+                        inner
+                            .retries
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&id);
+                        inner.consider(&id);
+                    });
+                }
             }
             Err(e) => {
                 warn!("container {id}: automatic checkpoint failed: {e}");
