@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use log::{info, warn};
+use log::{debug, info, warn};
 use scheduler::{CheckpointCost, Decision, DeferReason, Footprint, Hint};
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +74,15 @@ pub struct Position {
     pub mismatches: Vec<String>,
 }
 
+/// Automatic checkpoints of one container skipped in a row (a task could not be stopped).
+#[derive(Debug, Default)]
+pub struct Skips {
+    /// How many.
+    pub count: u32,
+    /// A look again is scheduled.
+    pub retry_pending: bool,
+}
+
 /// One automatic recovery.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Recovery {
@@ -112,6 +121,10 @@ impl Inner {
 
     pub fn untrack(&self, id: &str) {
         self.sched().remove_container(id);
+        self.skips
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
     }
 
     /// An exec of `c` starts: journal it, tell the scheduler.
@@ -184,6 +197,15 @@ impl Inner {
         let started = Instant::now();
         match self.checkpoint_when_free(id).await {
             Ok(info) => {
+                let skipped = self
+                    .skips
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(id)
+                    .map_or(0, |s| s.count);
+                if skipped > 1 {
+                    info!("container {id}: automatic checkpoint taken after {skipped} skips");
+                }
                 // What the agent can wait for is the frozen window; the write that follows runs
                 // beside its actions.
                 let frozen = info.timings["frozen_us"].as_f64().map(|us| us / 1e6);
@@ -206,22 +228,30 @@ impl Inner {
             Err(crate::error::Error::Blocked(why)) => {
                 // Nothing was kept frozen. Such a wait is short (an exec after a vfork) or ends
                 // with the disk's backlog; the scheduler may try again within the same gap.
-                info!("container {id}: automatic checkpoint skipped for now: {why}");
                 let _ = self.sched().on_checkpoint_failed(id);
-                let first = self
-                    .retries
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id.to_string());
-                if first {
+                let retry = {
+                    let mut skips = self.skips.lock().unwrap_or_else(|e| e.into_inner());
+                    let s = skips.entry(id.to_string()).or_default();
+                    s.count += 1;
+                    if s.count == 1 {
+                        info!("container {id}: automatic checkpoint skipped for now: {why}");
+                    } else {
+                        debug!("container {id}: automatic checkpoint skipped again: {why}");
+                    }
+                    !std::mem::replace(&mut s.retry_pending, true)
+                };
+                if retry {
                     let (inner, id) = (self.clone(), id.to_string());
                     tokio::spawn(async move {
                         tokio::time::sleep(BLOCKED_RETRY).await;
-                        inner
-                            .retries
+                        if let Some(s) = inner
+                            .skips
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .remove(&id);
+                            .get_mut(&id)
+                        {
+                            s.retry_pending = false;
+                        }
                         inner.consider(&id);
                     });
                 }

@@ -54,8 +54,8 @@ pub struct Inner {
     last_states: std::sync::Mutex<HashMap<(String, String), StateResponse>>,
     /// The node's checkpoint scheduler (per shim process).
     pub sched: std::sync::Mutex<scheduler::NodeScheduler>,
-    /// Containers with a retry pending of an automatic checkpoint that was skipped (one each).
-    pub retries: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Automatic checkpoints skipped in a row, per container (one retry pending at most).
+    pub skips: std::sync::Mutex<HashMap<String, crate::auto::Skips>>,
     /// Time origin of the scheduler's clock.
     pub epoch: std::time::Instant,
     publisher: RemotePublisher,
@@ -87,7 +87,7 @@ impl TaskService {
             settings,
             containers: Default::default(),
             last_states: Default::default(),
-            retries: Default::default(),
+            skips: Default::default(),
             publisher,
             exit,
         }))
