@@ -39,22 +39,29 @@ fn upload(name: &'static str, path: &str, data: Vec<u8>) -> Action {
     }
 }
 
-/// A local wheel (`belayer_demo` 1.0), made with the host's python3.
+/// A local wheel (`belayer_demo` 1.0), made with the host's python3 once per test process (its
+/// tests run side by side and each builds the episode).
 pub fn wheel() -> Vec<u8> {
-    let dir = std::env::temp_dir().join(format!("belayer-wheel-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("wheel dir");
-    let script = dir.join("mkwheel.py");
-    std::fs::write(&script, include_bytes!("../assets/mkwheel.py")).expect("write mkwheel.py");
-    let out = dir.join("belayer_demo-1.0-py3-none-any.whl");
-    let status = std::process::Command::new("python3")
-        .arg(&script)
-        .arg(&out)
-        .status()
-        .expect("python3");
-    assert!(status.success(), "mkwheel.py failed");
-    let bytes = std::fs::read(&out).expect("wheel");
-    let _ = std::fs::remove_dir_all(&dir);
-    bytes
+    static WHEEL: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    WHEEL
+        .get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("belayer-wheel-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("wheel dir");
+            let script = dir.join("mkwheel.py");
+            std::fs::write(&script, include_bytes!("../assets/mkwheel.py"))
+                .expect("write mkwheel.py");
+            let out = dir.join("belayer_demo-1.0-py3-none-any.whl");
+            let status = std::process::Command::new("python3")
+                .arg(&script)
+                .arg(&out)
+                .status()
+                .expect("python3");
+            assert!(status.success(), "mkwheel.py failed");
+            let bytes = std::fs::read(&out).expect("wheel");
+            let _ = std::fs::remove_dir_all(&dir);
+            bytes
+        })
+        .clone()
 }
 
 /// The episode, in order. `holder_mb` sizes the background process's memory.

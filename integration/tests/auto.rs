@@ -202,3 +202,65 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
     );
     remove(&c, "loop-crash");
 }
+
+/// An automatic checkpoint that meets a task held in vfork skips it — CRIU could not stop the
+/// task, and trying would keep the container frozen for CRIU's 10 s timeout — and is tried again
+/// later; once the vfork ends, the next one is taken. The container never stops meanwhile.
+#[test]
+fn automatic_checkpoints_skip_a_task_held_in_vfork() {
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start_annotated(&c, BELAYER, "vfork-auto", &["io.belayer.checkpoint=auto"]);
+    let counter = "i=0; while true; do i=$((i+1)); echo $i >> /counter; sleep 0.01; done";
+    let started = s.exec(
+        &format!("mkdir -p /work && (nohup sh -c '{counter}' > /dev/null 2>&1 &)"),
+        None,
+    );
+    assert_eq!(started.code, 0, "{started:?}");
+    hold_in_vfork(&s);
+    let count = || {
+        s.exec("wc -l < /counter", None)
+            .stdout
+            .trim()
+            .parse::<u64>()
+            .unwrap_or(0)
+    };
+    let checkpoints = || c.belayer(&["checkpoints", "vfork-auto"]).stdout;
+    // The set-up's own execs are actions too: a checkpoint they started may still be finishing.
+    std::thread::sleep(Duration::from_secs(1));
+    let before_turns = checkpoints();
+    for turn in 1..=3 {
+        let out = s.exec(&action(turn), None);
+        assert_eq!(out.code, 0, "turn {turn}: {out:?}");
+        c.belayer(&["hint", "vfork-auto", "llm-start", "--expected-ms", "2000"])
+            .ok();
+        // The model thinks; the scheduler wants a checkpoint now.
+        let before = count();
+        std::thread::sleep(Duration::from_secs(2));
+        let after = count();
+        assert!(
+            after >= before + 20,
+            "turn {turn}: the counter went from {before} to {after} in 2 s: the container was \
+             kept frozen"
+        );
+    }
+    assert_eq!(
+        checkpoints(),
+        before_turns,
+        "a checkpoint with a task held in vfork"
+    );
+    let log = std::fs::read_to_string(c.dir.join("containerd.log")).unwrap_or_default();
+    assert!(
+        log.contains("container vfork-auto: automatic checkpoint skipped for now"),
+        "no automatic checkpoint was skipped"
+    );
+    release_vfork(&s);
+    let out = s.exec(&action(4), None);
+    assert_eq!(out.code, 0, "turn 4: {out:?}");
+    c.belayer(&["hint", "vfork-auto", "llm-start", "--expected-ms", "2000"])
+        .ok();
+    assert!(
+        wait_until(Duration::from_secs(20), || checkpoints() != before_turns),
+        "no automatic checkpoint after the vfork ended"
+    );
+    remove(&c, "vfork-auto");
+}
