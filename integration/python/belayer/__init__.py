@@ -22,6 +22,7 @@ from .errors import (
     ProtocolError,
     ServerError,
     ShimUnavailable,
+    TryAgain,
     error_for_status,
 )
 from .models import (
@@ -60,6 +61,7 @@ __all__ = [
     "Sandbox",
     "ServerError",
     "ShimUnavailable",
+    "TryAgain",
     "Status",
     "error_for_status",
 ]

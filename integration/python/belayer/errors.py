@@ -63,6 +63,13 @@ class DiskFull(BelayerError):
     status = 507
 
 
+class TryAgain(BelayerError):
+    """503: a task of the container cannot be stopped for a checkpoint now (it is in vfork, or in
+    uninterruptible sleep); the container runs and nothing was kept. A later attempt may succeed."""
+
+    status = 503
+
+
 class ServerError(BelayerError):
     """500 (or any other status the API does not document): the shim failed."""
 
@@ -96,6 +103,7 @@ _BY_STATUS: dict[int, type[BelayerError]] = {
     404: NotFound,
     409: Conflict,
     422: CorruptCheckpoint,
+    503: TryAgain,
     507: DiskFull,
     500: ServerError,
 }

@@ -26,6 +26,7 @@ class ErrorMappingTest(unittest.TestCase):
             404: belayer.NotFound,
             409: belayer.Conflict,
             422: belayer.CorruptCheckpoint,
+            503: belayer.TryAgain,
             507: belayer.DiskFull,
             500: belayer.ServerError,
         }
@@ -47,6 +48,7 @@ class ErrorMappingTest(unittest.TestCase):
             (404, belayer.NotFound),
             (409, belayer.Conflict),
             (422, belayer.CorruptCheckpoint),
+            (503, belayer.TryAgain),
             (507, belayer.DiskFull),
             (500, belayer.ServerError),
             (403, belayer.PermissionDenied),
