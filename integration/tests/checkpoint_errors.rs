@@ -209,6 +209,7 @@ impl Drop for Tmpfs {
             .arg("-l")
             .arg(&self.0)
             .status();
+        let _ = std::fs::remove_dir(&self.0);
     }
 }
 

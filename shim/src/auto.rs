@@ -38,17 +38,8 @@ pub struct ContainerPolicy {
 }
 
 impl ContainerPolicy {
-    pub fn from_spec(bundle: &std::path::Path, settings: &crate::settings::Settings) -> Self {
-        let spec: serde_json::Value = std::fs::read(bundle.join("config.json"))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default();
-        let get = |key: &str, default: &str| {
-            spec["annotations"][key]
-                .as_str()
-                .unwrap_or(default)
-                .to_string()
-        };
+    pub fn from_spec(spec: &crate::spec::Spec, settings: &crate::settings::Settings) -> Self {
+        let get = |key: &str, default: &str| spec.annotation(key).unwrap_or(default).to_string();
         Self {
             auto: get(CHECKPOINT_ANNOTATION, &settings.checkpoint) == "auto",
             recover: get(RECOVER_ANNOTATION, &settings.recover) == "auto",

@@ -362,7 +362,7 @@ impl Inner {
 
     /// Mounts `cp`'s rootfs for container `c` on a fresh Belayer-owned upper dir.
     fn mount_from(&self, c: &mut Container, cp: &Checkpoint) -> Result<(PathBuf, u64)> {
-        let target = crate::rootfs::path(&c.bundle)?;
+        let target = c.rootfs.clone();
         let uppers = self.settings.uppers(&self.namespace, &c.id);
         // A name no earlier restore of this container used: the upper being replaced may still
         // be mounted until the new one is up.

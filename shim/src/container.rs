@@ -18,6 +18,9 @@ use crate::stdio::{ConsoleSocket, ProcessIo, StdioPaths};
 pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
+    /// The rootfs path the spec names (its overlay is what checkpoints capture and restores
+    /// replace).
+    pub rootfs: PathBuf,
     /// The rootfs the shim mounted (containerd's mounts, or a checkpoint's chain); none when the
     /// spec names one mounted by someone else.
     pub mounted_rootfs: Option<PathBuf>,
@@ -115,6 +118,7 @@ impl Container {
             killed: false,
             lazy_fill: None,
             id: id.to_string(),
+            rootfs: bundle.join("rootfs"),
             bundle,
             mounted_rootfs: None,
             init,
@@ -129,7 +133,7 @@ impl Container {
     /// The filesystem state for a checkpoint, discovering the overlay on first use.
     pub fn fs_state(&mut self) -> Result<FsState> {
         if self.fs.is_none() {
-            let o = crate::rootfs::overlay(&crate::rootfs::path(&self.bundle)?)?;
+            let o = crate::rootfs::overlay(&self.rootfs)?;
             self.fs = Some(FsState {
                 upper: o.upper,
                 image_lowers: o.lowers,

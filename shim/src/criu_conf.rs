@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result, io};
+use crate::spec::Spec;
 
 /// The annotation runc reads the CRIU configuration file from.
 pub const ANNOTATION: &str = "org.criu.config";
@@ -59,23 +60,27 @@ pub fn render(operator: Option<&str>, lock: Option<&str>) -> Option<String> {
     Some(text)
 }
 
-/// Points the spec in `bundle` at a CRIU configuration file with the network lock of `setting`,
+/// Points `spec` (of `bundle`) at a CRIU configuration file with the network lock of `setting`,
 /// before runc creates or restores the container. Blocks: call it off the async runtime.
-pub fn apply(bundle: &Path, setting: &str, runc: &criu_bridge::runc::Runc) -> Result<()> {
-    apply_with(bundle, Path::new(RUNC_CONF), || network_lock(setting, runc))
+pub fn apply(
+    bundle: &Path,
+    spec: &mut Spec,
+    setting: &str,
+    runc: &criu_bridge::runc::Runc,
+) -> Result<()> {
+    apply_with(bundle, spec, Path::new(RUNC_CONF), || {
+        network_lock(setting, runc)
+    })
 }
 
 /// [`apply`] with the operator's file at `runc_conf`; `lock` is asked only when needed.
 fn apply_with(
     bundle: &Path,
+    spec: &mut Spec,
     runc_conf: &Path,
     lock: impl FnOnce() -> Option<&'static str>,
 ) -> Result<()> {
-    let spec_path = bundle.join("config.json");
-    let raw = std::fs::read(&spec_path).map_err(io(format!("read {}", spec_path.display())))?;
-    let mut spec: serde_json::Value = serde_json::from_slice(&raw)
-        .map_err(|e| Error::InvalidArgument(format!("{}: {e}", spec_path.display())))?;
-    if !spec["annotations"][ANNOTATION].is_null() {
+    if spec.annotation(ANNOTATION).is_some() {
         return Ok(());
     }
     let operator = match std::fs::read_to_string(runc_conf) {
@@ -93,15 +98,7 @@ fn apply_with(
     };
     let conf = bundle.join(FILE);
     std::fs::write(&conf, text).map_err(io(format!("write {}", conf.display())))?;
-    if !spec["annotations"].is_object() {
-        spec["annotations"] = serde_json::json!({});
-    }
-    spec["annotations"][ANNOTATION] = serde_json::Value::String(conf.display().to_string());
-    let tmp = bundle.join("config.json.belayer-tmp");
-    let bytes = serde_json::to_vec(&spec)
-        .map_err(|e| Error::InvalidArgument(format!("{}: {e}", spec_path.display())))?;
-    std::fs::write(&tmp, bytes).map_err(io(format!("write {}", tmp.display())))?;
-    std::fs::rename(&tmp, &spec_path).map_err(io(format!("replace {}", spec_path.display())))
+    spec.set_annotation(ANNOTATION, &conf.display().to_string())
 }
 
 #[cfg(test)]
@@ -145,7 +142,8 @@ mod tests {
         let operator = dir.join("runc.conf");
         std::fs::write(&operator, "tcp-close\n").unwrap();
         std::fs::write(dir.join("config.json"), r#"{"ociVersion":"1.0.2"}"#).unwrap();
-        apply_with(&dir, &operator, || Some("skip")).unwrap();
+        let mut spec = Spec::load(&dir).unwrap();
+        apply_with(&dir, &mut spec, &operator, || Some("skip")).unwrap();
         let spec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
         let conf = spec["annotations"][ANNOTATION]
@@ -160,7 +158,11 @@ mod tests {
 
         let own = r#"{"annotations":{"org.criu.config":"/etc/mine.conf"}}"#;
         std::fs::write(dir.join("config.json"), own).unwrap();
-        apply_with(&dir, &operator, || panic!("not asked: the spec chose")).unwrap();
+        let mut spec = Spec::load(&dir).unwrap();
+        apply_with(&dir, &mut spec, &operator, || {
+            panic!("not asked: the spec chose")
+        })
+        .unwrap();
         assert_eq!(
             std::fs::read_to_string(dir.join("config.json")).unwrap(),
             own

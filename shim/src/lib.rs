@@ -19,5 +19,6 @@ pub mod rootfs;
 pub mod runc;
 pub mod service;
 pub mod settings;
+pub mod spec;
 pub mod stdio;
 pub mod task;

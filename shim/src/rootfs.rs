@@ -8,20 +8,6 @@ use log::warn;
 
 use crate::error::{Error, Result, io};
 
-/// The rootfs path a bundle's config.json names (relative paths are relative to the bundle).
-pub fn path(bundle: &Path) -> Result<PathBuf> {
-    let spec = std::fs::read(bundle.join("config.json"))
-        .map_err(io(format!("read {}/config.json", bundle.display())))?;
-    let v: serde_json::Value = serde_json::from_slice(&spec)
-        .map_err(|e| Error::InvalidArgument(format!("{}/config.json: {e}", bundle.display())))?;
-    let root = v["root"]["path"].as_str().unwrap_or("rootfs");
-    Ok(if Path::new(root).is_absolute() {
-        PathBuf::from(root)
-    } else {
-        bundle.join(root)
-    })
-}
-
 /// Mounts containerd's rootfs mounts at `<bundle>/rootfs`, in order.
 pub async fn mount(bundle: &Path, mounts: &[Mount]) -> Result<Option<PathBuf>> {
     if mounts.is_empty() {

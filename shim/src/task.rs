@@ -214,11 +214,15 @@ impl Inner {
             self.settings.network_lock.clone(),
             self.bridge_runc(),
         );
-        tokio::task::spawn_blocking(move || crate::criu_conf::apply(&conf_bundle, &lock, &runc))
-            .await
-            .map_err(|e| Error::FailedPrecondition(format!("CRIU configuration: {e}")))??;
+        let spec = tokio::task::spawn_blocking(move || {
+            let mut spec = crate::spec::Spec::load(&conf_bundle)?;
+            crate::criu_conf::apply(&conf_bundle, &mut spec, &lock, &runc)?;
+            Ok::<_, Error>(spec)
+        })
+        .await
+        .map_err(|e| Error::FailedPrecondition(format!("CRIU configuration: {e}")))??;
         let restore = match req.checkpoint.as_str() {
-            "" => restore_options(&bundle)?,
+            "" => restore_options(&spec)?,
             path => Some(self.import_checkpoint(path).await?),
         };
         let journal =
@@ -229,7 +233,8 @@ impl Inner {
             Process::new("", paths.clone()),
             journal,
         );
-        c.policy = crate::auto::ContainerPolicy::from_spec(&bundle, &self.settings);
+        c.policy = crate::auto::ContainerPolicy::from_spec(&spec, &self.settings);
+        c.rootfs = spec.root(&bundle);
         c.mounted_rootfs = crate::rootfs::mount(&bundle, &req.rootfs).await?;
         let pid = match &restore {
             Some(opts) => {
@@ -797,14 +802,8 @@ impl containerd_shim::Task for TaskService {
 }
 
 /// The Belayer restore options a task was created with (its spec's annotation), if any.
-fn restore_options(bundle: &std::path::Path) -> Result<Option<crate::api::RestoreOptions>> {
-    let spec = std::fs::read(bundle.join("config.json")).map_err(crate::error::io(format!(
-        "read {}/config.json",
-        bundle.display()
-    )))?;
-    let v: serde_json::Value = serde_json::from_slice(&spec)
-        .map_err(|e| Error::InvalidArgument(format!("{}/config.json: {e}", bundle.display())))?;
-    match v["annotations"][crate::api::RESTORE_ANNOTATION].as_str() {
+fn restore_options(spec: &crate::spec::Spec) -> Result<Option<crate::api::RestoreOptions>> {
+    match spec.annotation(crate::api::RESTORE_ANNOTATION) {
         Some(text) => serde_json::from_str(text).map(Some).map_err(|e| {
             Error::InvalidArgument(format!(
                 "invalid {} annotation: {e}",

@@ -1,0 +1,88 @@
+//! A bundle's OCI spec (`config.json`), read once when a task is created and handed to what
+//! needs it: the CRIU configuration (which adds an annotation and writes the spec back), the
+//! restore options, the container's policy and the rootfs path.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result, io};
+
+/// The parsed spec of one bundle.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    path: PathBuf,
+    value: serde_json::Value,
+}
+
+impl Spec {
+    /// Reads `<bundle>/config.json`.
+    pub fn load(bundle: &Path) -> Result<Self> {
+        let path = bundle.join("config.json");
+        let raw = std::fs::read(&path).map_err(io(format!("read {}", path.display())))?;
+        let value = serde_json::from_slice(&raw)
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))?;
+        Ok(Self { path, value })
+    }
+
+    /// The annotation `key`, if the spec has it as a string.
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.value["annotations"][key].as_str()
+    }
+
+    /// Sets annotation `key` and writes the spec back (a temporary file renamed over it), before
+    /// runc reads it.
+    pub fn set_annotation(&mut self, key: &str, value: &str) -> Result<()> {
+        if !self.value["annotations"].is_object() {
+            self.value["annotations"] = serde_json::json!({});
+        }
+        self.value["annotations"][key] = serde_json::Value::String(value.to_string());
+        let bytes = serde_json::to_vec(&self.value)
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", self.path.display())))?;
+        let tmp = self.path.with_extension("json.belayer-tmp");
+        std::fs::write(&tmp, bytes).map_err(io(format!("write {}", tmp.display())))?;
+        std::fs::rename(&tmp, &self.path).map_err(io(format!("replace {}", self.path.display())))
+    }
+
+    /// The rootfs path the spec names (relative to `bundle` unless absolute).
+    pub fn root(&self, bundle: &Path) -> PathBuf {
+        let root = self.value["root"]["path"].as_str().unwrap_or("rootfs");
+        if Path::new(root).is_absolute() {
+            PathBuf::from(root)
+        } else {
+            bundle.join(root)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_annotations_and_root_and_writes_annotations_back() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"ociVersion":"1.0.2","root":{"path":"rootfs"}}"#,
+        )
+        .unwrap();
+        let mut spec = Spec::load(dir.path()).unwrap();
+        assert_eq!(spec.annotation("a"), None);
+        assert_eq!(spec.root(dir.path()), dir.path().join("rootfs"));
+        spec.set_annotation("a", "b").unwrap();
+        let again = Spec::load(dir.path()).unwrap();
+        assert_eq!(again.annotation("a"), Some("b"));
+        assert_eq!(again.value["ociVersion"], "1.0.2");
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"root":{"path":"/abs/root"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            Spec::load(dir.path()).unwrap().root(dir.path()),
+            PathBuf::from("/abs/root")
+        );
+        std::fs::write(dir.path().join("config.json"), "{").unwrap();
+        let err = Spec::load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("config.json"), "{err}");
+    }
+}
