@@ -106,7 +106,11 @@ pub fn hold_in_vfork(s: &belayer_integration::episode::Sandbox) {
 
 /// Is a task of `s` waiting for its vfork child to exec?
 pub fn in_vfork(s: &belayer_integration::episode::Sandbox) -> bool {
-    s.exec("grep -l kernel_clone /proc/[0-9]*/wchan 2>/dev/null", None)
+    // The names criu_bridge::blocked knows a vfork wait by, across kernel versions.
+    s.exec(
+        "grep -lxE 'kernel_clone|_do_fork|do_fork|wait_for_vfork_done' /proc/[0-9]*/wchan 2>/dev/null",
+        None,
+    )
         .stdout
         .contains("/wchan")
 }
