@@ -224,9 +224,10 @@ pub fn checkpoint_container_with(
             status: state.status,
         });
     }
+    let running = state.status == "running";
     // Running, a task in `D` is really blocked (frozen, every task reads `D`): do not even freeze.
     if req.yield_to_blocked
-        && state.status == "running"
+        && running
         && let Some(task) = crate::blocked::blocked_task(state.pid)
     {
         return Err(CheckpointError::Blocked {
@@ -258,7 +259,6 @@ pub fn checkpoint_container_with(
             .begin(&lock)
             .map_err(|e| CheckpointError::store(id, e))?;
         let mut t = Timings::default();
-        let running = state.status == "running";
         match one_instant(
             req,
             &pending,

@@ -138,13 +138,6 @@ impl Inner {
         let shared = self.get(id)?;
         let c = shared.lock().await;
         let _busy = Busy::take(&c)?;
-        if let Some(fill) = c.lazy_fill.as_ref().filter(|f| !f.is_done()) {
-            return Err(Error::Blocked(format!(
-                "container {id}: criu lazy-pages (pid {}) is still filling the memory of its \
-                 last restore",
-                fill.pid()
-            )));
-        }
         self.checkpoint_locked(&shared, c, id, false, true).await
     }
 
@@ -190,12 +183,19 @@ impl Inner {
             )));
         }
         let mut c = c;
-        // Both callers made sure the fill is over; a finished daemon is forgotten.
+        // A requested checkpoint has waited for the fill already; an automatic one does not wait.
+        // A finished daemon is forgotten.
         match c.lazy_fill.as_ref().map(|f| (f.is_done(), f.pid())) {
             Some((false, pid)) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "container {id}: criu lazy-pages (pid {pid}) is still filling its memory"
-                )));
+                let why = format!(
+                    "container {id}: criu lazy-pages (pid {pid}) is still filling the memory of \
+                     its last restore"
+                );
+                return Err(if yield_to_blocked {
+                    Error::Blocked(why)
+                } else {
+                    Error::FailedPrecondition(why)
+                });
             }
             Some((true, _)) => c.lazy_fill = None,
             None => {}
