@@ -156,13 +156,7 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
         .last()
         .unwrap_or_default()
         .to_string();
-    let pid: i32 = c
-        .ctr(&["tasks", "ls"])
-        .stdout
-        .lines()
-        .find(|l| l.starts_with("loop-crash "))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .expect("pid");
+    let pid: i32 = task_pid(&c, "loop-crash").parse().expect("pid");
     belayer_integration::sigkill(pid.into()).expect("SIGKILL the sandbox's init");
     let status = || {
         serde_json::from_str::<serde_json::Value>(&c.belayer(&["status", "loop-crash"]).stdout)
@@ -210,9 +204,8 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
 fn automatic_checkpoints_skip_a_task_held_in_vfork() {
     let c = Containerd::start(Flavor::V2);
     let s = Sandbox::start_annotated(&c, BELAYER, "vfork-auto", &["io.belayer.checkpoint=auto"]);
-    let counter = "i=0; while true; do i=$((i+1)); echo $i >> /counter; sleep 0.01; done";
     let started = s.exec(
-        &format!("mkdir -p /work && (nohup sh -c '{counter}' > /dev/null 2>&1 &)"),
+        &format!("mkdir -p /work && (nohup sh -c '{COUNTER}' > /dev/null 2>&1 &)"),
         None,
     );
     assert_eq!(started.code, 0, "{started:?}");

@@ -341,19 +341,6 @@ fn journal_rewind_and_replay() {
     remove(&c, "replay");
 }
 
-/// `ctr tasks ls`'s view of task `id`: its pid and status.
-fn ls(c: &Containerd, id: &str) -> Vec<String> {
-    c.ctr(&["tasks", "ls"])
-        .stdout
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(id))
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .map(str::to_string)
-        .collect()
-}
-
 /// After a lazy restore a checkpoint waits for the memory fill (pages not yet filled would look
 /// absent to a dump) — here for a lazy-pages daemon the test has stopped — without holding the
 /// container: the agent's execs go on meanwhile. Then the fill goes on and the checkpoint
@@ -394,7 +381,7 @@ fn a_checkpoint_waits_for_a_lazy_fill_without_holding_the_container() {
         }
     }
     let resume = Resume(daemon);
-    let before = ls(&c, "filling");
+    let before = task_row(&c, "filling");
     std::thread::scope(|scope| {
         let taking = scope.spawn(|| c.belayer(&["checkpoint", "filling"]));
         std::thread::sleep(Duration::from_millis(500));
@@ -405,7 +392,7 @@ fn a_checkpoint_waits_for_a_lazy_fill_without_holding_the_container() {
                 !taking.is_finished(),
                 "the checkpoint did not wait for the fill"
             );
-            assert_eq!(ls(&c, "filling"), before);
+            assert_eq!(task_row(&c, "filling"), before);
         }
         drop(resume);
         let out = taking.join().expect("checkpoint thread");
@@ -422,7 +409,7 @@ fn state_answers_while_a_checkpoint_holds_the_container() {
     let c = Containerd::start(Flavor::V2);
     let s = Sandbox::start(&c, BELAYER, "held");
     hold_in_vfork(&s);
-    let before = ls(&c, "held");
+    let before = task_row(&c, "held");
     assert_eq!(
         before.get(1).map(String::as_str),
         Some("RUNNING"),
@@ -437,7 +424,7 @@ fn state_answers_while_a_checkpoint_holds_the_container() {
                 "the checkpoint did not wait for the vfork"
             );
             assert_eq!(
-                ls(&c, "held"),
+                task_row(&c, "held"),
                 before,
                 "State while a checkpoint holds the container"
             );
@@ -446,7 +433,7 @@ fn state_answers_while_a_checkpoint_holds_the_container() {
         assert_ne!(out.code, 0, "checkpoint of a task held in vfork: {out:?}");
         assert!(out.stderr.contains("vfork"), "{out:?}");
     });
-    assert_eq!(ls(&c, "held"), before);
+    assert_eq!(task_row(&c, "held"), before);
     release_vfork(&s);
     remove(&c, "held");
 }

@@ -11,8 +11,6 @@ use belayer_integration::episode::{self, Sandbox};
 use belayer_integration::{Containerd, Flavor, Out};
 use common::*;
 
-const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i >> /counter; sleep 0.01; done";
-
 /// Asserts a CLI failure: non-zero, one line on stderr starting `belayer: `, containing `needle`.
 #[track_caller]
 fn assert_clear_error(out: &Out, needle: &str) {
@@ -31,20 +29,11 @@ fn assert_clear_error(out: &Out, needle: &str) {
     );
 }
 
-fn pid_of(c: &Containerd, id: &str) -> String {
-    c.ctr(&["tasks", "ls"])
-        .stdout
-        .lines()
-        .find(|l| l.starts_with(&format!("{id} ")))
-        .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-        .unwrap_or_default()
-}
-
 /// The container runs the same processes as before and they make progress.
 #[track_caller]
 fn assert_untouched(c: &Containerd, id: &str, pid: &str) {
     assert_eq!(task_status(c, id), "RUNNING");
-    assert_eq!(pid_of(c, id), pid, "the container's init changed");
+    assert_eq!(task_pid(c, id), pid, "the container's init changed");
     let count = || {
         c.ctr(&[
             "tasks",
@@ -116,7 +105,7 @@ fn corrupt_truncated_unknown_and_missing() {
     let corrupt = checkpoint(&c, "bad");
     let truncated = checkpoint(&c, "bad");
     let future = checkpoint(&c, "bad");
-    let pid = pid_of(&c, "bad");
+    let pid = task_pid(&c, "bad");
 
     // One byte of a CRIU image flipped.
     let victim = largest_file(&cp_dir(&c, "bad", &corrupt).join("criu"));
@@ -224,7 +213,7 @@ fn full_disk_keeps_nothing_partial() {
     let script = format!("x=$(head -c 8000000 /dev/zero | tr '\\0' a); {COUNTER}");
     run_detached(&c, BELAYER, "full", &["sh", "-c", &script]);
     std::thread::sleep(Duration::from_millis(500));
-    let pid = pid_of(&c, "full");
+    let pid = task_pid(&c, "full");
     assert_clear_error(&c.belayer(&["checkpoint", "full"]), "disk full");
     assert_untouched(&c, "full", &pid);
     assert_eq!(
@@ -303,7 +292,7 @@ fn a_task_held_in_vfork_is_waited_for_with_the_container_running() {
     assert_eq!(started.code, 0, "{started:?}");
     hold_in_vfork(&s);
     let exec = |script: &str| s.exec(script, None);
-    let pid = pid_of(&c, "vfork");
+    let pid = task_pid(&c, "vfork");
     let counted = |o: Out| o.stdout.trim().parse::<u64>().unwrap_or(0);
     let before = counted(exec("wc -l < /counter"));
 

@@ -43,14 +43,33 @@ pub fn observe(label: &str, out: &Out, id: &str) -> Vec<String> {
     v
 }
 
-/// The status column of `ctr tasks ls` for `id`.
-pub fn task_status(c: &Containerd, id: &str) -> String {
+/// A shell loop appending 1, 2, 3, … to `/counter`, 100 a second: shows whether a container runs.
+pub const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i >> /counter; sleep 0.01; done";
+
+/// `ctr tasks ls`'s columns after the id for task `id` (pid, status); empty when it is not listed.
+pub fn task_row(c: &Containerd, id: &str) -> Vec<String> {
     c.ctr(&["tasks", "ls"])
         .stdout
         .lines()
         .find(|l| l.split_whitespace().next() == Some(id))
-        .and_then(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(str::to_string)
+        .collect()
+}
+
+/// The status column of `ctr tasks ls` for `id`.
+pub fn task_status(c: &Containerd, id: &str) -> String {
+    task_row(c, id)
+        .into_iter()
+        .nth(1)
         .unwrap_or_else(|| "ABSENT".into())
+}
+
+/// The pid column of `ctr tasks ls` for `id` (empty when it is not listed).
+pub fn task_pid(c: &Containerd, id: &str) -> String {
+    task_row(c, id).into_iter().next().unwrap_or_default()
 }
 
 /// Polls until `f` holds, at most `limit`.
@@ -99,28 +118,35 @@ pub fn hold_in_vfork(s: &belayer_integration::episode::Sandbox) {
     );
     assert_eq!(started.code, 0, "{started:?}");
     assert!(
-        wait_until(Duration::from_secs(20), || in_vfork(s)),
+        wait_until(Duration::from_secs(20), || !python_in_vfork(s).is_empty()),
         "python3 never got stuck in vfork"
     );
 }
 
-/// Is a task of `s` waiting for its vfork child to exec?
-pub fn in_vfork(s: &belayer_integration::episode::Sandbox) -> bool {
+/// The python3 tasks of `s` waiting for a vfork child to exec, as `pid wchan` lines. Only
+/// python3: the shell loops of a test vfork too, for a moment each time.
+pub fn python_in_vfork(s: &belayer_integration::episode::Sandbox) -> String {
     // The names criu_bridge::blocked knows a vfork wait by, across kernel versions.
     s.exec(
-        "grep -lxE 'kernel_clone|_do_fork|do_fork|wait_for_vfork_done' /proc/[0-9]*/wchan 2>/dev/null",
+        "for p in /proc/[0-9]*; do [ \"$(cat $p/comm 2>/dev/null)\" = python3 ] || continue; \
+         w=$(cat $p/wchan 2>/dev/null); \
+         echo \"$w\" | grep -qxE 'kernel_clone|_do_fork|do_fork|wait_for_vfork_done' \
+         && echo \"${p#/proc/} $w\"; done; true",
         None,
     )
-        .stdout
-        .contains("/wchan")
+    .stdout
 }
 
 /// Lets the task [`hold_in_vfork`] holds go on.
 #[track_caller]
 pub fn release_vfork(s: &belayer_integration::episode::Sandbox) {
-    assert_eq!(s.exec("echo > /gate", None).code, 0);
+    // Opening the FIFO is what the child waits for; writing to it could meet SIGPIPE, once the
+    // child has exec'd `true` and that has exited.
+    let opened = s.exec(": > /gate", None);
+    assert_eq!(opened.code, 0, "{opened:?}");
     assert!(
-        wait_until(Duration::from_secs(10), || !in_vfork(s)),
-        "python3 still in vfork after its child got the FIFO"
+        wait_until(Duration::from_secs(10), || python_in_vfork(s).is_empty()),
+        "python3 still in vfork after its child got the FIFO: {}",
+        python_in_vfork(s)
     );
 }
