@@ -29,6 +29,8 @@ pub struct CheckpointRequest<'a> {
     pub upper_dir: &'a Path,
     /// The image's lower dirs, newest first (those under the chain).
     pub image_lowers: &'a [PathBuf],
+    /// The rootfs mount is in a peer group on the host (recorded for restores elsewhere).
+    pub rootfs_shared: bool,
     /// The checkpoint the current rootfs descends from: the previous checkpoint of this upper,
     /// or the one the rootfs was mounted from at restore. `None`: the upper sits directly on the
     /// image lowers.
@@ -470,6 +472,7 @@ fn manifest_for(
             crate::tree::hex(&<sha2::Sha256 as sha2::Digest>::digest(spec))
         ),
         image_lowers: req.image_lowers.to_vec(),
+        rootfs_shared: req.rootfs_shared,
         fs_chain,
         criu_dir: CRIU_DIR.into(),
         fs_dir: FS_DIR.into(),

@@ -32,6 +32,7 @@ fn manifest(
         created_unix_ms: 0,
         spec_digest: "sha256:test".into(),
         image_lowers: lowers.to_vec(),
+        rootfs_shared: false,
         fs_chain: chain,
         criu_dir: "criu".into(),
         fs_dir: "fs".into(),

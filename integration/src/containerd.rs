@@ -240,6 +240,14 @@ impl Containerd {
         run(&mut self.ctr_cmd(args), None, Duration::from_secs(120))
     }
 
+    /// [`Containerd::ctr`] in namespace `ns` (docker's is `moby`).
+    pub fn ctr_in(&self, ns: &str, args: &[&str]) -> Out {
+        let mut cmd = Command::new(self.binary("ctr"));
+        cmd.arg("-a").arg(&self.sock).arg("-n").arg(ns).args(args);
+        cmd.env("PATH", self.path_env());
+        run(&mut cmd, None, Duration::from_secs(120))
+    }
+
     pub fn ctr_stdin(&self, args: &[&str], input: &[u8]) -> Out {
         run(
             &mut self.ctr_cmd(args),

@@ -134,6 +134,16 @@ impl Docker {
     pub fn docker_stdin(&self, args: &[&str], input: &[u8]) -> Out {
         run(&mut self.cmd(args), Some(input), Duration::from_secs(120))
     }
+
+    /// The full id of container `name`: its containerd container id in namespace `moby`.
+    #[track_caller]
+    pub fn id(&self, name: &str) -> String {
+        self.docker(&["inspect", "-f", "{{.Id}}", name])
+            .ok()
+            .stdout
+            .trim()
+            .to_string()
+    }
 }
 
 impl Drop for Docker {

@@ -50,18 +50,8 @@ fn containerd_accepts_the_runtime_entries() {
 
 /// The runtime containerd recorded for a docker container (namespace `moby`).
 fn runtime_of(c: &Containerd, d: &Docker, name: &str) -> String {
-    let id = d
-        .docker(&["inspect", "-f", "{{.Id}}", name])
-        .ok()
-        .stdout
-        .trim()
-        .to_string();
-    let sock = c.sock.display().to_string();
-    let out = Command::new("ctr")
-        .args(["-a", &sock, "-n", "moby", "containers", "info", &id])
-        .output()
-        .expect("ctr");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    let out = c.ctr_in("moby", &["containers", "info", &d.id(name)]);
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
     v["Runtime"]["Name"].as_str().unwrap_or("?").to_string()
 }
 

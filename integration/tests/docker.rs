@@ -5,6 +5,7 @@ mod common;
 
 use belayer_integration::{Containerd, Docker, Flavor};
 use common::*;
+use std::time::Duration;
 
 fn scenario(d: &Docker, rt: &str, name: &str) -> Vec<String> {
     let mut v = Vec::new();
@@ -170,19 +171,14 @@ fn belayer_cli_checkpoints_and_restores_docker_containers() {
         "i=0; while true; do i=$((i+1)); echo $i >> /c; sleep 0.01; done",
     ])
     .ok();
-    let id = d
-        .docker(&["inspect", "-f", "{{.Id}}", "dk"])
-        .ok()
-        .stdout
-        .trim()
-        .to_string();
+    let id = d.id("dk");
     d.docker(&["exec", "dk", "sh", "-c", "echo kept > /marker"])
         .ok();
     let belayer = |args: &[&str]| {
         belayer_integration::containerd::run(
             &mut c.belayer_cmd_in("moby", args),
             None,
-            std::time::Duration::from_secs(120),
+            Duration::from_secs(120),
         )
     };
     let cp = belayer(&["checkpoint", &id]).ok().stdout.trim().to_string();
@@ -211,4 +207,139 @@ fn belayer_cli_checkpoints_and_restores_docker_containers() {
         .filter(|m| m.contains(&id))
         .collect::<Vec<_>>();
     assert!(left.is_empty(), "mounts left: {left:?}");
+}
+
+/// A docker container's output after Belayer restored it, in place and after a crash: its
+/// init prints `tick N M`, M read from `/marker`, which the test writes only after the
+/// restore, so a line with it in `docker logs` came from the restored process. With a
+/// terminal (`-t`) the restored init is on a new pty, and a fork of it runs on one too.
+fn restored_output_reaches_docker_logs(tty: bool) {
+    let c = Containerd::start(Flavor::V2);
+    let d = Docker::start(&c);
+    let name = if tty { "dk-tty" } else { "dk-pipes" };
+    let mut run = vec!["run", "-d", "--name", name, "--network", "none"];
+    if tty {
+        run.push("-t");
+    }
+    run.extend([
+        "--annotation",
+        "io.belayer.recover=auto",
+        "--runtime",
+        BELAYER,
+        "belayer/busybox",
+        "sh",
+        "-c",
+        "i=0; while true; do i=$((i+1)); echo $i >> /c; m=; [ -f /marker ] && read m < /marker; \
+         echo \"tick $i $m\"; sleep 0.05; done",
+    ]);
+    d.docker(&run).ok();
+    let id = d.id(name);
+    let belayer = |args: &[&str]| {
+        belayer_integration::containerd::run(
+            &mut c.belayer_cmd_in("moby", args),
+            None,
+            Duration::from_secs(120),
+        )
+    };
+    let ctr = |args: &[&str]| c.ctr_in("moby", args);
+    let logs_show = |marker: &str| {
+        wait_until(Duration::from_secs(20), || {
+            let out = d.docker(&["logs", name]);
+            format!("{}{}", out.stdout, out.stderr).contains(&format!(" {marker}"))
+        })
+    };
+    let on_terminal = |exec: &dyn Fn(&str) -> String| {
+        let fd1 = exec("readlink /proc/1/fd/1");
+        assert_eq!(
+            fd1.trim().starts_with("/dev/pts/"),
+            tty,
+            "{name}: init's stdout is {fd1:?}"
+        );
+    };
+    let docker_exec = |script: &str| d.docker(&["exec", name, "sh", "-c", script]).ok().stdout;
+    // What the restored init prints once `/marker` holds `stage` reaches `docker logs`.
+    let reaches_logs = |stage: &str, what: &str| {
+        docker_exec(&format!("echo {stage} > /marker"));
+        assert!(
+            logs_show(stage),
+            "{name}: docker logs lost the output of the container {what}:\n{}",
+            d.docker(&["logs", "--tail", "5", name]).stdout
+        );
+    };
+    assert!(logs_show(""), "{name}: no output before the checkpoint");
+    let cp = belayer(&["checkpoint", &id]).ok().stdout.trim().to_string();
+
+    belayer(&["restore", &id, "--checkpoint", &cp]).ok();
+    reaches_logs("after-restore", "restored in place");
+    on_terminal(&docker_exec);
+
+    // docker's State.Pid is the first init's; containerd knows the restored one.
+    let pid: i64 = ctr(&["tasks", "ls"])
+        .stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(id.as_str()))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .expect("the restored init's pid in ctr tasks ls");
+    belayer_integration::sigkill(pid).expect("SIGKILL the init");
+    let recoveries = || {
+        serde_json::from_str::<serde_json::Value>(&belayer(&["status", &id]).stdout)
+            .ok()
+            .and_then(|v| v["recoveries"].as_array().map(Vec::len))
+            .unwrap_or(0)
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || recoveries() == 1),
+        "{name}: no recovery after SIGKILL: {}",
+        belayer(&["status", &id]).stdout
+    );
+    reaches_logs("after-recovery", "recovered after a crash");
+    on_terminal(&docker_exec);
+
+    let fork = belayer(&["fork", &id, "--checkpoint", &cp, "--count", "1"])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    let fork_exec = |script: &str| {
+        ctr(&[
+            "tasks",
+            "exec",
+            "--exec-id",
+            "probe",
+            &fork,
+            "sh",
+            "-c",
+            script,
+        ])
+        .ok()
+        .stdout
+    };
+    let ticks =
+        |exec: &dyn Fn(&str) -> String| exec("wc -l < /c").trim().parse::<u64>().unwrap_or(0);
+    let before = ticks(&fork_exec);
+    assert!(
+        wait_until(Duration::from_secs(10), || ticks(&fork_exec) > before + 5),
+        "{name}: the fork's init does not run (it would block on a full pty nobody reads)"
+    );
+    on_terminal(&fork_exec);
+    ctr(&["tasks", "kill", "-s", "9", &fork]);
+    wait_until(Duration::from_secs(10), || {
+        ctr(&["tasks", "ls"])
+            .stdout
+            .lines()
+            .all(|l| !l.starts_with(&format!("{fork} ")) || l.contains("STOPPED"))
+    });
+    ctr(&["tasks", "rm", &fork]).ok();
+    ctr(&["containers", "rm", &fork]).ok();
+    d.docker(&["rm", "-f", name]).ok();
+}
+
+#[test]
+fn restored_output_reaches_docker_logs_through_pipes() {
+    restored_output_reaches_docker_logs(false);
+}
+
+#[test]
+fn restored_terminal_output_reaches_docker_logs_and_forks_run_on_a_pty() {
+    restored_output_reaches_docker_logs(true);
 }

@@ -16,7 +16,7 @@ use log::info;
 use crate::api::{CheckpointInfo, RestoreInfo};
 use crate::container::{Container, FsState};
 use crate::error::{Error, Result, io};
-use crate::stdio::ProcessIo;
+use crate::stdio::{ConsoleSocket, ProcessIo};
 use crate::task::Inner;
 
 /// A checkpoint whose filesystem chain grows past this many layers is compacted into one.
@@ -234,6 +234,7 @@ impl Inner {
                     bundle: &bundle,
                     upper_dir: &fs.upper,
                     image_lowers: &fs.image_lowers,
+                    rootfs_shared: fs.rootfs_shared,
                     parent: fs.parent.as_ref(),
                     leave_running: !exit,
                     criu: CriuOptions::default(),
@@ -375,6 +376,12 @@ impl Inner {
         std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
         let store = self.settings.store();
         let took = criu_bridge::mount_rootfs(&store, cp, &upper, &work, &target)?;
+        // CRIU recreates the container's root as a slave of the rootfs mount's peer group if it
+        // was one when dumped; a rootfs mounted elsewhere (a fork's, under a private parent) must
+        // be shared too, or the restore fails ("Failed to copy sharing").
+        if cp.manifest.rootfs_shared {
+            crate::rootfs::make_shared(&target)?;
+        }
         c.mounted_rootfs = Some(target);
         c.mount_chain = if cp.manifest.container == c.id && cp.manifest.namespace == self.namespace
         {
@@ -389,6 +396,7 @@ impl Inner {
         c.fs = Some(FsState {
             upper,
             image_lowers: cp.manifest.image_lowers.clone(),
+            rootfs_shared: cp.manifest.rootfs_shared,
             // A fork stacks on another container's chain: its own first checkpoint has no parent
             // and carries that chain as its lower dirs.
             parent: (cp.manifest.container == c.id && cp.manifest.namespace == self.namespace)
@@ -409,13 +417,21 @@ impl Inner {
         cp: &Checkpoint,
         pid_file: PathBuf,
     ) -> Result<u32> {
-        let (stdio, pio) = ProcessIo::pipes(&c.init.paths)?;
-        let to_std = |fd: Option<std::os::fd::OwnedFd>| fd.map(std::process::Stdio::from);
-        let restore_stdio = criu_bridge::runc::RestoreStdio {
-            stdin: to_std(stdio.stdin),
-            stdout: to_std(stdio.stdout),
-            stderr: to_std(stdio.stderr),
+        // A terminal comes back as a new pty whose master runc sends on the console socket
+        // (CRIU's orphan pts master); pipes are made here and mapped onto the dumped ones.
+        let (console, restore_stdio, pipes) = if c.init.paths.terminal {
+            (Some(ConsoleSocket::new()?), Default::default(), None)
+        } else {
+            let (stdio, pio) = ProcessIo::pipes(&c.init.paths)?;
+            let to_std = |fd: Option<std::os::fd::OwnedFd>| fd.map(std::process::Stdio::from);
+            let restore_stdio = criu_bridge::runc::RestoreStdio {
+                stdin: to_std(stdio.stdin),
+                stdout: to_std(stdio.stdout),
+                stderr: to_std(stdio.stderr),
+            };
+            (None, restore_stdio, Some(pio))
         };
+        let console_path = console.as_ref().map(|c| c.path.clone());
         let work = self
             .settings
             .work(&self.namespace, &c.id)
@@ -440,7 +456,7 @@ impl Inner {
                     work_dir: &work,
                     detach: true,
                     pid_file: Some(&pf),
-                    console_socket: None,
+                    console_socket: console_path.as_deref(),
                     lazy_pages,
                 },
                 restore_stdio,
@@ -450,6 +466,11 @@ impl Inner {
         .await
         .map_err(|e| Error::Checkpoint(e.to_string()))??;
         c.lazy_fill = report.lazy.map(Arc::new);
+        let pio = match (pipes, &console) {
+            (Some(pio), _) => pio,
+            (None, Some(console)) => ProcessIo::terminal(&c.init.paths, console)?,
+            (None, None) => unreachable!("a restore has pipes or a terminal"),
+        };
         let pid = std::fs::read_to_string(&pid_file)
             .map_err(io(format!("read {}", pid_file.display())))?
             .trim()
@@ -477,11 +498,6 @@ impl Inner {
         let shared = self.get(id)?;
         let _busy = Busy::now(&shared, id)?;
         let mut c = shared.lock().await;
-        if c.init.paths.terminal {
-            return Err(Error::Unimplemented(format!(
-                "container {id} has a terminal; restoring terminals is not supported"
-            )));
-        }
         let ns = self.namespace.clone();
         let (cp, verify_ms) = self.load_verified(&ns, id, seq).await?;
         let t_verified = started.elapsed();

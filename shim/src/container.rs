@@ -57,6 +57,8 @@ pub struct FsState {
     pub image_lowers: Vec<PathBuf>,
     /// The checkpoint the current upper descends from.
     pub parent: Option<criu_bridge::Checkpoint>,
+    /// The rootfs mount is shared (see [`crate::rootfs::Overlay::shared`]).
+    pub rootfs_shared: bool,
 }
 
 /// Starts a process through runc (`create` for an init, `exec` for others) with its streams
@@ -137,6 +139,7 @@ impl Container {
             self.fs = Some(FsState {
                 upper: o.upper,
                 image_lowers: o.lowers,
+                rootfs_shared: o.shared,
                 parent: None,
             });
         }

@@ -39,6 +39,18 @@ pub fn unmount(target: &Path) {
     }
 }
 
+/// Makes the mount at `target` shared (a peer group of its own, unless it is in one already).
+pub fn make_shared(target: &Path) -> Result<()> {
+    nix::mount::mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        nix::mount::MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .map_err(|e| io(format!("make {} a shared mount", target.display()))(e.into()))
+}
+
 /// Unmounts everything at and below `target` at once, and lets the old filesystem go later, on
 /// a thread of its own. The last reference to an overlay syncs its whole upper filesystem:
 /// hundreds of milliseconds after an episode wrote files, and done at once it slowed the restore
@@ -73,6 +85,9 @@ fn release_after() -> std::time::Duration {
 pub struct Overlay {
     pub upper: PathBuf,
     pub lowers: Vec<PathBuf>,
+    /// The mount is in a peer group (`shared:N`): the container's root is then a slave of it,
+    /// and CRIU restores it as one.
+    pub shared: bool,
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space).
@@ -100,6 +115,7 @@ pub fn overlay_at(mountinfo: &str, target: &Path) -> Option<Overlay> {
         if unescape(pre.split_whitespace().nth(4)?) != target {
             return None;
         }
+        let shared = pre.split_whitespace().any(|f| f.starts_with("shared:"));
         let mut post = post.split_whitespace();
         if post.next()? != "overlay" {
             return None;
@@ -119,6 +135,7 @@ pub fn overlay_at(mountinfo: &str, target: &Path) -> Option<Overlay> {
         Some(Overlay {
             upper: upper?,
             lowers,
+            shared,
         })
     })
 }
@@ -148,6 +165,15 @@ mod tests {
 ";
         let o = overlay_at(info, Path::new("/run/b/rootfs")).unwrap();
         assert_eq!(o.upper, PathBuf::from("/u/upper"));
+        assert!(!o.shared);
+        assert!(
+            overlay_at(
+                &info.replace("relatime -", "relatime shared:7 -"),
+                Path::new("/run/b/rootfs")
+            )
+            .unwrap()
+            .shared
+        );
         assert_eq!(
             o.lowers,
             vec![

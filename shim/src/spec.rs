@@ -42,6 +42,12 @@ impl Spec {
         std::fs::rename(&tmp, &self.path).map_err(io(format!("replace {}", self.path.display())))
     }
 
+    /// Whether the spec's process runs on a terminal (`process.terminal`). runc then needs a
+    /// console socket to create or restore it, whatever containerd's request says.
+    pub fn terminal(&self) -> bool {
+        self.value["process"]["terminal"].as_bool().unwrap_or(false)
+    }
+
     /// The rootfs path the spec names (relative to `bundle` unless absolute).
     pub fn root(&self, bundle: &Path) -> PathBuf {
         let root = self.value["root"]["path"].as_str().unwrap_or("rootfs");
@@ -58,6 +64,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn reads_the_terminal_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"process":{"terminal":true,"args":["sh"]}}"#,
+        )
+        .unwrap();
+        assert!(Spec::load(dir.path()).unwrap().terminal());
+    }
+
+    #[test]
     fn reads_annotations_and_root_and_writes_annotations_back() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
@@ -67,6 +84,7 @@ mod tests {
         .unwrap();
         let mut spec = Spec::load(dir.path()).unwrap();
         assert_eq!(spec.annotation("a"), None);
+        assert!(!spec.terminal());
         assert_eq!(spec.root(dir.path()), dir.path().join("rootfs"));
         spec.set_annotation("a", "b").unwrap();
         let again = Spec::load(dir.path()).unwrap();

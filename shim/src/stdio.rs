@@ -33,8 +33,9 @@ pub struct ProcessIo {
     stdin: Arc<Mutex<Option<File>>>,
     /// The terminal's master side, for resizing.
     console: Option<Arc<File>>,
-    /// One receiver per output copier; each fires when its stream hit EOF.
-    drained: Vec<oneshot::Receiver<()>>,
+    /// One receiver per output copier; each gets the copier's destination back when its
+    /// stream hit EOF.
+    drained: Vec<oneshot::Receiver<File>>,
 }
 
 static SOCKETS: AtomicU64 = AtomicU64::new(0);
@@ -140,7 +141,11 @@ fn open_output(path: &str) -> Result<File> {
         .map_err(io(format!("open output {path}")))
 }
 
-fn spawn_copy(mut from: File, mut to: File) -> oneshot::Receiver<()> {
+/// Copies `from` into `to` on a thread of its own until EOF, then hands `to` back through the
+/// receiver instead of closing it: whoever holds the receiver decides when containerd's stream
+/// ends. A restore replacing the process opens the stream again before the old destination
+/// goes, so a reader (ctr, dockerd's log) never sees EOF in between.
+fn spawn_copy(mut from: File, mut to: File) -> oneshot::Receiver<File> {
     let (tx, rx) = oneshot::channel();
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 32 * 1024];
@@ -157,7 +162,7 @@ fn spawn_copy(mut from: File, mut to: File) -> oneshot::Receiver<()> {
                 Err(_) => break,
             }
         }
-        let _ = tx.send(());
+        let _ = tx.send(to);
     });
     rx
 }
@@ -239,11 +244,18 @@ impl ProcessIo {
     pub fn terminal(paths: &StdioPaths, socket: &ConsoleSocket) -> Result<ProcessIo> {
         let master = socket.receive()?;
         let mut pio = ProcessIo::default();
-        if !paths.stdout.is_empty() {
-            let out = open_output(&paths.stdout)?;
-            let reader = master.try_clone().map_err(io("dup terminal"))?;
-            pio.drained.push(spawn_copy(reader, out));
-        }
+        // Without a reader the pty's buffer fills and the process blocks on its next write: a
+        // task created without stdio (a fork) has its terminal output discarded instead.
+        let out = match paths.stdout.as_str() {
+            "" => OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open("/dev/null")
+                .map_err(io("open /dev/null"))?,
+            path => open_output(path)?,
+        };
+        let reader = master.try_clone().map_err(io("dup terminal"))?;
+        pio.drained.push(spawn_copy(reader, out));
         if !paths.stdin.is_empty() {
             let writer = master.try_clone().map_err(io("dup terminal"))?;
             *pio.stdin.lock().unwrap_or_else(|e| e.into_inner()) = Some(writer);
@@ -277,19 +289,24 @@ impl ProcessIo {
         Ok(())
     }
 
-    /// Waits until every output stream has been delivered, at most `limit`. Output held open by
-    /// a process that outlives this one (a daemonized grandchild) is not waited for past it.
-    pub async fn drained(&mut self, limit: Duration) {
-        let all = futures_join(std::mem::take(&mut self.drained));
+    /// Waits until every output stream has been delivered, at most `limit`, and returns the
+    /// destinations still open: containerd's streams end when the caller drops them. Output
+    /// held open by a process that outlives this one (a daemonized grandchild) is not waited
+    /// for past `limit`; its stream ends when that copier does.
+    pub async fn drained(&mut self, limit: Duration) -> Vec<File> {
+        let rxs = std::mem::take(&mut self.drained);
+        let mut outputs = Vec::with_capacity(rxs.len());
+        let all = async {
+            for rx in rxs {
+                if let Ok(out) = rx.await {
+                    outputs.push(out);
+                }
+            }
+        };
         let _ = tokio::time::timeout(limit, all).await;
         // A terminal master is closed now so a stuck copier cannot keep the pty alive.
         self.close_stdin();
-    }
-}
-
-async fn futures_join(rxs: Vec<oneshot::Receiver<()>>) {
-    for rx in rxs {
-        let _ = rx.await;
+        outputs
     }
 }
 

@@ -136,12 +136,15 @@ impl Inner {
                 .ok()
                 .filter(|p| p.pid == pid)
                 .and_then(|p| p.io.take());
-            if let Some(mut pio) = pio {
-                pio.drained(DRAIN_LIMIT).await;
-            }
+            // Held until a recovery has opened the streams again, or no recovery comes.
+            let outputs = match pio {
+                Some(mut pio) => pio.drained(DRAIN_LIMIT).await,
+                None => Vec::new(),
+            };
             if exec_id.is_empty() {
                 let current = c.lock().await.init.pid == pid;
                 if current && let Some(rec) = inner.recover(&id, code as u32).await {
+                    drop(outputs);
                     info!(
                         "container {id} recovered from checkpoint {}",
                         rec.restore.checkpoint
@@ -159,6 +162,7 @@ impl Inner {
                     return;
                 }
             }
+            drop(outputs);
             let exit = Exit {
                 status: code as u32,
                 at: process::now(),
@@ -203,12 +207,6 @@ impl Inner {
             return Err(Error::AlreadyExists(req.id));
         }
         let bundle = PathBuf::from(&req.bundle);
-        let paths = StdioPaths {
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            terminal: req.terminal,
-        };
         let (conf_bundle, lock, runc) = (
             bundle.clone(),
             self.settings.network_lock.clone(),
@@ -221,6 +219,14 @@ impl Inner {
         })
         .await
         .map_err(|e| Error::FailedPrecondition(format!("CRIU configuration: {e}")))??;
+        // A task created without stdio for a spec with a terminal (a fork, a restore of a
+        // container without a task) still gets one: runc restores it onto a new pty.
+        let paths = StdioPaths {
+            stdin: req.stdin.clone(),
+            stdout: req.stdout.clone(),
+            stderr: req.stderr.clone(),
+            terminal: req.terminal || spec.terminal(),
+        };
         let restore = match req.checkpoint.as_str() {
             "" => restore_options(&spec)?,
             path => Some(self.import_checkpoint(path).await?),

@@ -89,6 +89,11 @@ pub struct Manifest {
     pub spec_digest: String,
     /// The image lower dirs, newest first, under the chain.
     pub image_lowers: Vec<PathBuf>,
+    /// The rootfs mount was in a peer group on the host (`shared:N`; docker's are), so the
+    /// container's root was its slave: a restore under another mount point (a fork) makes its
+    /// rootfs mount shared too. Absent in older manifests: false.
+    #[serde(default)]
+    pub rootfs_shared: bool,
     /// Checkpoint seqs whose `fs/` layers form the rootfs, newest first (this one first).
     pub fs_chain: Vec<u64>,
     /// The CRIU image dir, relative to the checkpoint dir.
@@ -261,6 +266,7 @@ mod tests {
             created_unix_ms: 1,
             spec_digest: "sha256:00".into(),
             image_lowers: vec!["/img/l1".into()],
+            rootfs_shared: false,
             fs_chain: vec![2, 1],
             criu_dir: CRIU_DIR.into(),
             fs_dir: FS_DIR.into(),
