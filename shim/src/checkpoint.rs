@@ -16,7 +16,7 @@ use log::info;
 use crate::api::{CheckpointInfo, RestoreInfo};
 use crate::container::{Container, FsState};
 use crate::error::{Error, Result, io};
-use crate::stdio::{ConsoleSocket, ProcessIo};
+use crate::stdio::PendingIo;
 use crate::task::Inner;
 
 /// A checkpoint whose filesystem chain grows past this many layers is compacted into one.
@@ -417,21 +417,16 @@ impl Inner {
         cp: &Checkpoint,
         pid_file: PathBuf,
     ) -> Result<u32> {
-        // A terminal comes back as a new pty whose master runc sends on the console socket
-        // (CRIU's orphan pts master); pipes are made here and mapped onto the dumped ones.
-        let (console, restore_stdio, pipes) = if c.init.paths.terminal {
-            (Some(ConsoleSocket::new()?), Default::default(), None)
-        } else {
-            let (stdio, pio) = ProcessIo::pipes(&c.init.paths)?;
-            let to_std = |fd: Option<std::os::fd::OwnedFd>| fd.map(std::process::Stdio::from);
-            let restore_stdio = criu_bridge::runc::RestoreStdio {
-                stdin: to_std(stdio.stdin),
-                stdout: to_std(stdio.stdout),
-                stderr: to_std(stdio.stderr),
-            };
-            (None, restore_stdio, Some(pio))
+        // Pipes are mapped onto the dumped ones; a terminal comes back as a new pty whose master
+        // runc sends on the console socket (CRIU's orphan pts master).
+        let (stdio, pending) = PendingIo::new(&c.init.paths)?;
+        let to_std = |fd: Option<std::os::fd::OwnedFd>| fd.map(std::process::Stdio::from);
+        let restore_stdio = criu_bridge::runc::RestoreStdio {
+            stdin: to_std(stdio.stdin),
+            stdout: to_std(stdio.stdout),
+            stderr: to_std(stdio.stderr),
         };
-        let console_path = console.as_ref().map(|c| c.path.clone());
+        let console_path = pending.console_socket().map(PathBuf::from);
         let work = self
             .settings
             .work(&self.namespace, &c.id)
@@ -466,11 +461,7 @@ impl Inner {
         .await
         .map_err(|e| Error::Checkpoint(e.to_string()))??;
         c.lazy_fill = report.lazy.map(Arc::new);
-        let pio = match (pipes, &console) {
-            (Some(pio), _) => pio,
-            (None, Some(console)) => ProcessIo::terminal(&c.init.paths, console)?,
-            (None, None) => unreachable!("a restore has pipes or a terminal"),
-        };
+        let pio = pending.finish(&c.init.paths)?;
         let pid = std::fs::read_to_string(&pid_file)
             .map_err(io(format!("read {}", pid_file.display())))?
             .trim()

@@ -13,7 +13,7 @@ use log::warn;
 use crate::error::{Error, Result, io};
 use crate::process::Process;
 use crate::runc::{Runc, StartOpts};
-use crate::stdio::{ConsoleSocket, ProcessIo, StdioPaths};
+use crate::stdio::{PendingIo, ProcessIo, StdioPaths};
 
 pub struct Container {
     pub id: String,
@@ -74,20 +74,10 @@ pub async fn spawn_process(
         None => bundle.join("init.pid"),
         Some(spec) => spec.with_extension("pid"),
     };
-    let console = if paths.terminal {
-        Some(ConsoleSocket::new()?)
-    } else {
-        None
-    };
-    let (stdio, pipes) = if paths.terminal {
-        (Default::default(), None)
-    } else {
-        let (stdio, pio) = ProcessIo::pipes(paths)?;
-        (stdio, Some(pio))
-    };
+    let (stdio, pending) = PendingIo::new(paths)?;
     let opts = StartOpts {
         pid_file: &pid_file,
-        console_socket: console.as_ref().map(|c| c.path.as_path()),
+        console_socket: pending.console_socket(),
         stdio,
     };
     match exec {
@@ -101,12 +91,7 @@ pub async fn spawn_process(
         .map_err(|e| {
             Error::FailedPrecondition(format!("bad pid in {}: {e}", pid_file.display()))
         })?;
-    let pio = match (pipes, console) {
-        (Some(pio), _) => pio,
-        (None, Some(console)) => ProcessIo::terminal(paths, &console)?,
-        (None, None) => unreachable!("a process has pipes or a terminal"),
-    };
-    Ok((pid, pio))
+    Ok((pid, pending.finish(paths)?))
 }
 
 impl Container {

@@ -213,10 +213,48 @@ fn spawn_stdin(path: String, sink: Arc<Mutex<Option<File>>>) {
     });
 }
 
+/// A process's streams while runc starts or restores it: pipes whose copiers already run, or
+/// the socket runc sends the terminal's master on.
+pub enum PendingIo {
+    Pipes(ProcessIo),
+    Terminal(ConsoleSocket),
+}
+
+impl PendingIo {
+    /// The fds runc hands the process (none for a terminal) and what to finish once runc is done.
+    pub fn new(paths: &StdioPaths) -> Result<(ProcessStdio, PendingIo)> {
+        if paths.terminal {
+            Ok((
+                Default::default(),
+                PendingIo::Terminal(ConsoleSocket::new()?),
+            ))
+        } else {
+            let (stdio, pio) = ProcessIo::pipes(paths)?;
+            Ok((stdio, PendingIo::Pipes(pio)))
+        }
+    }
+
+    /// runc's `--console-socket`, for a terminal.
+    pub fn console_socket(&self) -> Option<&std::path::Path> {
+        match self {
+            PendingIo::Terminal(socket) => Some(&socket.path),
+            PendingIo::Pipes(_) => None,
+        }
+    }
+
+    /// The running process's streams; call after runc returned successfully.
+    pub fn finish(self, paths: &StdioPaths) -> Result<ProcessIo> {
+        match self {
+            PendingIo::Pipes(pio) => Ok(pio),
+            PendingIo::Terminal(socket) => ProcessIo::terminal(paths, &socket),
+        }
+    }
+}
+
 impl ProcessIo {
     /// Pipes for a process without a terminal: returns the ends runc passes to the process and
     /// starts the copiers.
-    pub fn pipes(paths: &StdioPaths) -> Result<(ProcessStdio, ProcessIo)> {
+    fn pipes(paths: &StdioPaths) -> Result<(ProcessStdio, ProcessIo)> {
         let mut stdio = ProcessStdio::default();
         let mut pio = ProcessIo::default();
         if !paths.stdin.is_empty() {
@@ -241,7 +279,7 @@ impl ProcessIo {
     }
 
     /// A process with a terminal: receives its master from runc and starts the copiers.
-    pub fn terminal(paths: &StdioPaths, socket: &ConsoleSocket) -> Result<ProcessIo> {
+    fn terminal(paths: &StdioPaths, socket: &ConsoleSocket) -> Result<ProcessIo> {
         let master = socket.receive()?;
         let mut pio = ProcessIo::default();
         // Without a reader the pty's buffer fills and the process blocks on its next write: a
