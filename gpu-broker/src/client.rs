@@ -50,6 +50,18 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Whether the broker refused a request as inconsistent with its state: for a log lookup,
+    /// an id it does not hold (never admitted, or finished long enough ago to be let go).
+    pub fn is_bad_request(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Refused {
+                code: ErrorCode::BadRequest,
+                ..
+            }
+        )
+    }
+
     /// Whether this is an epoch refusal (we were fenced).
     pub fn is_stale_epoch(&self) -> bool {
         matches!(

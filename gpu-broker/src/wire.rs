@@ -318,4 +318,4 @@ pub enum Msg {
 
 mod codec;
 
-pub use codec::{decode, encode, frame_fits};
+pub use codec::{MAX_LIST, decode, encode, frame_fits};

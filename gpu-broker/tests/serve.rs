@@ -112,3 +112,32 @@ fn served_requests_survive_a_killed_primary_with_identical_tokens() {
     let e = c.generate(&other).unwrap_err().to_string();
     assert!(e.contains("another prompt"), "{e}");
 }
+
+#[test]
+fn the_log_keeps_only_the_newest_finished_requests_and_a_resend_of_an_older_one_is_generated_anew()
+{
+    model();
+    let d = Dir::new("serve-retention");
+    let _b = broker(&d.0, &["--keep-finished", "2"]);
+    let mut p = server(&d.0, "primary");
+    p.wait_event("serving", LONG);
+    let c = GenClient::new(&d.0.join("serve.sock"), LONG);
+    // One after another: they finish in id order.
+    let first: Vec<Vec<u32>> = requests()
+        .iter()
+        .map(|r| c.generate(r).unwrap().reply.tokens)
+        .collect();
+    assert_eq!(
+        status(&d.0).requests,
+        2,
+        "the log holds more than 2 finished requests"
+    );
+    let newest = c.generate(&requests()[3]).unwrap();
+    assert!(newest.reply.from_log);
+    assert_eq!(newest.reply.tokens, first[3]);
+    // Request 1 was let go: admitted again and generated, to the same tokens (seeded).
+    let oldest = c.generate(&requests()[0]).unwrap();
+    assert!(!oldest.reply.from_log);
+    assert_eq!(oldest.reply.tokens, first[0]);
+    assert_eq!(status(&d.0).requests, 2);
+}

@@ -14,7 +14,12 @@ extern "C" fn on_term(_: libc::c_int) {
 }
 
 const USAGE: &str = "usage: belayer-gpu-broker --socket PATH [--backend host|cuda] [--lease-ms N] \
-[--kv-mib N] [--no-seal-weights] [--checksum always|unsealed]";
+[--kv-mib N] [--no-seal-weights] [--checksum always|unsealed] [--keep-finished N] \
+[--keep-finished-tokens N]
+
+  --keep-finished N         finished requests the token log keeps for resends (default and
+                            most 2048)
+  --keep-finished-tokens N  their prompt + generated tokens at most (default 67108864)";
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -30,6 +35,7 @@ fn main() -> Result<()> {
     let mut kv_mib = 2048u64;
     let mut seal = true;
     let mut checksum = ChecksumPolicy::Unsealed;
+    let mut retention = gpu_broker::broker::log::Retention::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || {
@@ -42,6 +48,10 @@ fn main() -> Result<()> {
             "--lease-ms" => lease_ms = val()?.parse().context("--lease-ms")?,
             "--kv-mib" => kv_mib = val()?.parse().context("--kv-mib")?,
             "--no-seal-weights" => seal = false,
+            "--keep-finished" => retention.requests = val()?.parse().context("--keep-finished")?,
+            "--keep-finished-tokens" => {
+                retention.tokens = val()?.parse().context("--keep-finished-tokens")?
+            }
             "--checksum" => {
                 checksum = match val()?.as_str() {
                     "always" => ChecksumPolicy::Always,
@@ -62,6 +72,15 @@ fn main() -> Result<()> {
     cfg.kv_bytes = kv_mib << 20;
     cfg.seal_weights = seal;
     cfg.checksum = checksum;
+    if retention.requests > gpu_broker::broker::log::MAX_KEPT_FINISHED {
+        bail!(
+            "--keep-finished {}: at most {} (the rest of a {}-id log listing is left to requests in flight)",
+            retention.requests,
+            gpu_broker::broker::log::MAX_KEPT_FINISHED,
+            gpu_broker::wire::MAX_LIST
+        );
+    }
+    cfg.log_retention = retention;
     let backend: Box<dyn gpu_broker::backend::Backend> = match backend.as_str() {
         "host" => Box::new(gpu_broker::backend::host::HostBackend),
         #[cfg(feature = "cuda")]

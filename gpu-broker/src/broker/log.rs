@@ -1,7 +1,13 @@
 //! The broker-resident token log: every admitted request's prompt, parameters, generated tokens
 //! and sampler state, appended only by the current epoch's lease holder.
+//!
+//! Unfinished requests are kept until they finish: a shadow worker rebuilds them. Finished ones
+//! are kept so a worker can answer a client's resend from the log, but only the newest of them
+//! within [`Retention`]: the broker lives as long as its GPU, and a log of every request it
+//! ever served would grow without bound. An evicted request is unknown again, and a resend of
+//! it is admitted and generated anew.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::wire::{CommitEntry, RequestLog, SamplingParams};
 
@@ -29,13 +35,55 @@ pub enum LogError {
     Closed(u64),
 }
 
+/// How many finished requests the log keeps; the oldest finished go first once either bound is
+/// passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Finished requests kept.
+    pub requests: usize,
+    /// Prompt plus generated tokens of the finished requests kept.
+    pub tokens: usize,
+}
+
+/// The most finished requests a log may keep: half of what one `LogIds` reply can list, the
+/// other half left for requests in flight.
+pub const MAX_KEPT_FINISHED: usize = crate::wire::MAX_LIST / 2;
+
+impl Default for Retention {
+    /// [`MAX_KEPT_FINISHED`] requests or 64 Mi tokens (256 MiB of token ids), whichever is
+    /// reached first.
+    fn default() -> Self {
+        Self {
+            requests: MAX_KEPT_FINISHED,
+            tokens: 64 << 20,
+        }
+    }
+}
+
 /// All requests' logs.
 #[derive(Debug, Default)]
 pub struct TokenLog {
     reqs: BTreeMap<u64, RequestLog>,
+    retention: Retention,
+    /// Finished request ids, oldest finish first.
+    finished: VecDeque<u64>,
+    /// Tokens of the finished requests held.
+    finished_tokens: usize,
+}
+
+fn tokens(r: &RequestLog) -> usize {
+    r.prompt.len() + r.generated.len()
 }
 
 impl TokenLog {
+    /// An empty log keeping finished requests within `retention`.
+    pub fn new(retention: Retention) -> Self {
+        Self {
+            retention,
+            ..Self::default()
+        }
+    }
+
     /// Admits a request (idempotent for an identical re-admission).
     pub fn admit(
         &mut self,
@@ -88,9 +136,28 @@ impl TokenLog {
                 r.generated.extend_from_slice(&e.tokens);
                 r.sampler_state = e.sampler_state;
                 r.finished = e.finished;
+                if r.finished {
+                    self.finished.push_back(r.request_id);
+                    self.finished_tokens += tokens(r);
+                }
             }
         }
+        self.evict();
         Ok(())
+    }
+
+    /// Drops the oldest finished requests until the rest fit the retention bounds.
+    fn evict(&mut self) {
+        while self.finished.len() > self.retention.requests
+            || (self.finished_tokens > self.retention.tokens && !self.finished.is_empty())
+        {
+            let Some(id) = self.finished.pop_front() else {
+                break;
+            };
+            if let Some(r) = self.reqs.remove(&id) {
+                self.finished_tokens -= tokens(&r);
+            }
+        }
     }
 
     /// One request's log.
@@ -143,6 +210,41 @@ mod tests {
             sampler_state: 5,
             finished: fin,
         }
+    }
+
+    #[test]
+    fn keeps_only_the_newest_finished_requests() {
+        let mut l = TokenLog::new(Retention {
+            requests: 2,
+            tokens: 100,
+        });
+        for id in 1..=4 {
+            l.admit(id, p(), 0, vec![1, 2]).unwrap();
+        }
+        for id in 1..=3 {
+            l.commit(&[entry(id, 0, &[7], true)]).unwrap();
+        }
+        // Three finished, two kept: the first to finish went; the unfinished one stays.
+        assert_eq!(l.ids(), vec![(2, true), (3, true), (4, false)]);
+        assert_eq!(l.inflight(), 1);
+        // An evicted id is unknown again: admitted afresh.
+        l.admit(1, p(), 0, vec![9]).unwrap();
+        assert_eq!(l.get(1).unwrap().prompt, vec![9]);
+
+        // The token bound: 3 tokens each, at most 7 tokens of finished requests.
+        let mut l = TokenLog::new(Retention {
+            requests: 10,
+            tokens: 7,
+        });
+        for id in 1..=3 {
+            l.admit(id, p(), 0, vec![1, 2]).unwrap();
+            l.commit(&[entry(id, 0, &[7], true)]).unwrap();
+        }
+        assert_eq!(l.ids(), vec![(2, true), (3, true)]);
+        // A finished request larger than the whole bound is not kept either.
+        l.admit(4, p(), 0, vec![0; 9]).unwrap();
+        l.commit(&[entry(4, 0, &[7], true)]).unwrap();
+        assert!(l.ids().is_empty());
     }
 
     #[test]

@@ -44,6 +44,8 @@ pub struct Config {
     pub checksum: ChecksumPolicy,
     /// How long to wait for a lost primary's pidfd to report its exit.
     pub confirm_timeout: Duration,
+    /// Finished requests the token log keeps for resends.
+    pub log_retention: log::Retention,
 }
 
 impl Config {
@@ -56,6 +58,7 @@ impl Config {
             seal_weights: true,
             checksum: ChecksumPolicy::Unsealed,
             confirm_timeout: Duration::from_millis(500),
+            log_retention: log::Retention::default(),
         }
     }
 }
@@ -138,6 +141,7 @@ fn random_instance() -> u64 {
 impl Broker {
     /// A broker with no regions yet.
     pub fn new(cfg: Config, backend: Box<dyn Backend>) -> Self {
+        let log = log::TokenLog::new(cfg.log_retention);
         Self {
             cfg,
             instance: random_instance(),
@@ -150,7 +154,7 @@ impl Broker {
             shadows: VecDeque::new(),
             weights: None,
             kv: None,
-            log: log::TokenLog::default(),
+            log,
             orphaned: false,
             weights_ok: true,
             takeovers: 0,

@@ -5,7 +5,8 @@ use super::{
     RegionInfo, RegionKind, RequestLog, Role, SamplingParams, Status, VERSION,
 };
 
-const MAX_LIST: usize = 4096;
+/// The most items one list in a message holds (pages, commit entries, `LogIds` ids).
+pub const MAX_LIST: usize = 4096;
 const MAX_TEXT: usize = 4096;
 
 struct Enc(Vec<u8>);

@@ -13,7 +13,7 @@ pub mod protocol;
 
 mod listen;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -53,8 +53,6 @@ struct Server<'a> {
     pending: VecDeque<Req>,
     /// Connections waiting for each request.
     waiters: HashMap<u64, Vec<UnixStream>>,
-    /// Requests finished in the log.
-    finished: HashSet<u64>,
 }
 
 impl Server<'_> {
@@ -104,16 +102,27 @@ impl Server<'_> {
             self.waiters.entry(id).or_default().push(conn);
             return Ok(());
         }
-        if self.finished.contains(&id) {
-            let l = self.se.client.log_get(id).map_err(|e| self.se.b(e))?;
-            let r = if l.prompt == req.prompt {
-                self.reply(id, l.generated, None, true)
-            } else {
-                let why = format!("request id {id} was used for another prompt");
-                self.reply(id, Vec::new(), Some(why), false)
-            };
-            listen::reply(&mut conn, &r);
-            return Ok(());
+        // Finished in the log (here or by a worker before this one): answered from there. The
+        // broker keeps only the newest finished requests; one it let go is admitted anew.
+        match self.se.client.log_get(id) {
+            Ok(l) if l.finished => {
+                let r = if l.prompt == req.prompt {
+                    self.reply(id, l.generated, None, true)
+                } else {
+                    let why = format!("request id {id} was used for another prompt");
+                    self.reply(id, Vec::new(), Some(why), false)
+                };
+                listen::reply(&mut conn, &r);
+                return Ok(());
+            }
+            // Logged, unfinished and not here: continue it from the log, as at a takeover.
+            Ok(l) => {
+                self.pending.push_back(Req::from_log(&l));
+                self.waiters.entry(id).or_default().push(conn);
+                return Ok(());
+            }
+            Err(e) if e.is_bad_request() => {}
+            Err(e) => return Err(self.se.b(e)),
         }
         let params = SamplingParams {
             temperature: req.temperature,
@@ -167,7 +176,6 @@ impl Server<'_> {
         }
         self.se.client.commit(entries).map_err(|e| self.se.b(e))?;
         for r in self.engine.take_finished() {
-            self.finished.insert(r.id);
             let generated = r.tokens[r.prompt_len..].to_vec();
             self.answer(r.id, generated);
         }
@@ -227,7 +235,6 @@ pub fn serve(opts: &Options, so: &ServeOptions) -> Result<(), WorkerError> {
         engine: Engine::new(geom, &grant.pages),
         pending: VecDeque::new(),
         waiters: HashMap::new(),
-        finished: HashSet::new(),
     };
     let scratch = server
         .engine
@@ -245,7 +252,6 @@ pub fn serve(opts: &Options, so: &ServeOptions) -> Result<(), WorkerError> {
     let mut inflight_tokens = 0;
     for (id, finished) in se.client.log_ids().map_err(|e| se.b(e))? {
         if finished {
-            server.finished.insert(id);
             continue;
         }
         let r = Req::from_log(&se.client.log_get(id).map_err(|e| se.b(e))?);
