@@ -9,7 +9,7 @@ use crate::layer::{CaptureError, CaptureStats, LayerIndex, capture_layer};
 use crate::runc::{CriuOptions, Runc, RuncError};
 use crate::store::{
     CRIU_DIR, Checkpoint, FORMAT_VERSION, FS_DIR, Manifest, PendingCheckpoint, Store, StoreError,
-    Timings,
+    Timings, UncapturedExec,
 };
 
 /// What to checkpoint and where.
@@ -38,6 +38,8 @@ pub struct CheckpointRequest<'a> {
     /// Keep the processes running after the dump (else they exit and runc deletes the
     /// container).
     pub leave_running: bool,
+    /// Exec'd processes running now, which the checkpoint will not hold (recorded in it).
+    pub uncaptured_execs: &'a [UncapturedExec],
     /// CRIU options.
     pub criu: CriuOptions,
     /// Never keep the container frozen for a task CRIU cannot stop now (see [`crate::blocked`]):
@@ -477,6 +479,7 @@ fn manifest_for(
         criu_dir: CRIU_DIR.into(),
         fs_dir: FS_DIR.into(),
         leave_running: req.leave_running,
+        uncaptured_execs: req.uncaptured_execs.to_vec(),
         criu_options: req.criu.clone(),
         sizes: Default::default(),
         timings: t,

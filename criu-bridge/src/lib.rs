@@ -20,4 +20,4 @@ pub use restore::{
     RestoreError, RestoreReport, RestoreRequest, mount_rootfs, restore_processes, rootfs_lowers,
     verify,
 };
-pub use store::{Checkpoint, Store};
+pub use store::{Checkpoint, Store, UncapturedExec};

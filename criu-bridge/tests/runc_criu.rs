@@ -34,6 +34,7 @@ fn request<'a>(
         rootfs_shared: false,
         parent,
         leave_running,
+        uncaptured_execs: &[],
         criu: CriuOptions::default(),
         yield_to_blocked: false,
     }
@@ -380,6 +381,7 @@ fn an_old_criu_is_refused_by_name_before_anything_is_touched() {
         rootfs_shared: false,
         parent: None,
         leave_running: true,
+        uncaptured_execs: &[],
         criu: CriuOptions::default(),
         yield_to_blocked: false,
     };

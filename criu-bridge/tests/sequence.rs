@@ -92,6 +92,7 @@ fn run(e: &Env, leave_running: bool) -> Result<criu_bridge::Checkpoint, Checkpoi
         rootfs_shared: false,
         parent: None,
         leave_running,
+        uncaptured_execs: &[],
         criu: CriuOptions::default(),
         yield_to_blocked: false,
     })
@@ -171,6 +172,7 @@ fn a_stale_parent_is_re_read_so_the_chain_stays_whole() {
         rootfs_shared: false,
         parent,
         leave_running: true,
+        uncaptured_execs: &[],
         criu: CriuOptions::default(),
         yield_to_blocked: false,
     };

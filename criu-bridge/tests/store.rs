@@ -37,6 +37,7 @@ fn manifest(
         criu_dir: "criu".into(),
         fs_dir: "fs".into(),
         leave_running: true,
+        uncaptured_execs: Vec::new(),
         criu_options: Default::default(),
         sizes: Default::default(),
         timings: Default::default(),

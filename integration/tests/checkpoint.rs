@@ -437,3 +437,61 @@ fn state_answers_while_a_checkpoint_holds_the_container() {
     release_vfork(&s);
     remove(&c, "held");
 }
+
+/// A process containerd exec'd is the shim's child, outside the container's process tree that
+/// CRIU dumps: one still running at the checkpoint instant is not in the checkpoint. The
+/// checkpoint says so (`inspect`'s `uncaptured_execs`), and after a restore that process is
+/// gone and its exec has exited, while what init runs came back.
+#[test]
+fn a_running_exec_is_named_as_not_captured() {
+    let c = Containerd::start(Flavor::V2);
+    let id = "uncaptured";
+    run_detached(&c, BELAYER, id, &["sh", "-c", COUNTER]);
+    let inspect = |cp: &str| -> serde_json::Value {
+        serde_json::from_str(&c.belayer(&["inspect", id, cp]).ok().stdout).expect("inspect JSON")
+    };
+    let info = inspect(&checkpoint(&c, id));
+    assert!(
+        info.get("uncaptured_execs").is_none(),
+        "nothing exec'd ran, yet: {info}"
+    );
+    c.ctr(&[
+        "tasks",
+        "exec",
+        "-d",
+        "--exec-id",
+        "bg",
+        id,
+        "sleep",
+        "1000",
+    ])
+    .ok();
+    let exec_pid = |c: &Containerd| {
+        c.ctr(&["tasks", "ps", id])
+            .stdout
+            .lines()
+            .find(|l| l.contains("bg"))
+            .and_then(|l| l.split_whitespace().next()?.parse::<u32>().ok())
+    };
+    let pid = exec_pid(&c).expect("the exec's pid in ctr tasks ps");
+    let cp = checkpoint(&c, id);
+    let info = inspect(&cp);
+    assert_eq!(
+        info["uncaptured_execs"],
+        serde_json::json!([{ "exec_id": "bg", "pid": pid }]),
+        "{info}"
+    );
+    c.belayer(&["restore", id, "--checkpoint", &cp]).ok();
+    assert_eq!(task_status(&c, id), "RUNNING");
+    assert_eq!(
+        exec_pid(&c),
+        None,
+        "the exec'd process survived the restore"
+    );
+    let ps = c.ctr(&["tasks", "ps", id]).ok().stdout;
+    assert!(
+        ps.lines().count() >= 2,
+        "init's tree did not come back: {ps}"
+    );
+    remove(&c, id);
+}

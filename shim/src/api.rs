@@ -72,6 +72,9 @@ pub struct CheckpointInfo {
     /// Checkpoints whose filesystem layers this one's rootfs stacks, newest first.
     pub fs_chain: Vec<String>,
     pub leave_running: bool,
+    /// Exec'd processes running at the checkpoint instant, which it does not hold.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uncaptured_execs: Vec<criu_bridge::UncapturedExec>,
     pub sizes: serde_json::Value,
     pub timings: serde_json::Value,
     pub criu_stats: serde_json::Value,
@@ -89,6 +92,7 @@ impl From<&criu_bridge::Checkpoint> for CheckpointInfo {
             created_unix_ms: m.created_unix_ms,
             fs_chain: m.fs_chain.iter().map(u64::to_string).collect(),
             leave_running: m.leave_running,
+            uncaptured_execs: m.uncaptured_execs.clone(),
             sizes: serde_json::to_value(&m.sizes).unwrap_or_default(),
             timings: serde_json::to_value(&m.timings).unwrap_or_default(),
             criu_stats: serde_json::to_value(&m.criu_stats).unwrap_or_default(),

@@ -214,6 +214,22 @@ impl Inner {
             );
         }
         let position = c.journal.completed();
+        // CRIU dumps init's tree; an exec'd process is the shim's child, outside the container.
+        let uncaptured: Vec<criu_bridge::UncapturedExec> = c
+            .execs
+            .values()
+            .filter(|p| p.is_running())
+            .map(|p| criu_bridge::UncapturedExec {
+                exec_id: p.exec_id.clone(),
+                pid: p.pid,
+            })
+            .collect();
+        if !uncaptured.is_empty() {
+            log::warn!(
+                "container {id}: the checkpoint does not hold exec'd processes still running \
+                 (a restore will not have them): {uncaptured:?}"
+            );
+        }
         let (runc, store, ns, cid, bundle) = (
             self.bridge_runc(),
             self.settings.store(),
@@ -237,6 +253,7 @@ impl Inner {
                     rootfs_shared: fs.rootfs_shared,
                     parent: fs.parent.as_ref(),
                     leave_running: !exit,
+                    uncaptured_execs: &uncaptured,
                     criu: CriuOptions::default(),
                     yield_to_blocked,
                 },

@@ -38,6 +38,18 @@ pub struct FileEntry {
     pub sha256: Option<String>,
 }
 
+/// A process of the container that a checkpoint does not hold. CRIU dumps the tree of the
+/// container's init; a process containerd exec'd is a child of the shim, outside the container,
+/// so one still running at the checkpoint instant is not part of it (what it daemonized is:
+/// orphans are reparented to init). After a restore it is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UncapturedExec {
+    /// containerd's exec id.
+    pub exec_id: String,
+    /// Its pid on the host at the checkpoint instant.
+    pub pid: u32,
+}
+
 /// Sizes of a checkpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sizes {
@@ -102,6 +114,9 @@ pub struct Manifest {
     pub fs_dir: String,
     /// The processes kept running after the dump.
     pub leave_running: bool,
+    /// Exec'd processes that were running and are not in the checkpoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uncaptured_execs: Vec<UncapturedExec>,
     /// CRIU options used (restore must use the same).
     pub criu_options: CriuOptions,
     /// Sizes.
@@ -271,6 +286,7 @@ mod tests {
             criu_dir: CRIU_DIR.into(),
             fs_dir: FS_DIR.into(),
             leave_running: true,
+            uncaptured_execs: Vec::new(),
             criu_options: CriuOptions::default(),
             sizes: Sizes::default(),
             timings: Timings::default(),

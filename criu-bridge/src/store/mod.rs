@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 pub use compact::CompactCheckpointError;
 pub use manifest::{
     CRIU_DIR, FORMAT_VERSION, FS_DIR, FileEntry, FormatError, INDEX_FILE, MANIFEST_FILE,
-    MAX_MANIFEST_BYTES, Manifest, Sizes, Timings, probe_version,
+    MAX_MANIFEST_BYTES, Manifest, Sizes, Timings, UncapturedExec, probe_version,
 };
 pub use pending::PendingCheckpoint;
 pub use verify::{VerifyError, VerifyLevel, verify_checkpoint, verify_dir};
