@@ -224,12 +224,14 @@ impl Inner {
                 pid: p.pid,
             })
             .collect();
-        if !uncaptured.is_empty() {
+        // Once per set: automatic checkpoints beside a long-running exec would repeat it each turn.
+        if !uncaptured.is_empty() && c.uncaptured_warned != uncaptured {
             log::warn!(
                 "container {id}: the checkpoint does not hold exec'd processes still running \
                  (a restore will not have them): {uncaptured:?}"
             );
         }
+        c.uncaptured_warned = uncaptured.clone();
         let (runc, store, ns, cid, bundle) = (
             self.bridge_runc(),
             self.settings.store(),

@@ -46,6 +46,8 @@ pub struct Container {
     /// The daemon still filling memory after a lazy restore; a checkpoint waits for it (a dump
     /// would see the pages not yet filled as absent), without holding the container.
     pub lazy_fill: Option<Arc<criu_bridge::lazy::LazyPages>>,
+    /// The exec'd processes the last checkpoint warned it does not hold.
+    pub uncaptured_warned: Vec<criu_bridge::UncapturedExec>,
 }
 
 /// What the next checkpoint captures and stacks on.
@@ -104,6 +106,7 @@ impl Container {
             recoveries: Vec::new(),
             killed: false,
             lazy_fill: None,
+            uncaptured_warned: Vec::new(),
             id: id.to_string(),
             rootfs: bundle.join("rootfs"),
             bundle,
