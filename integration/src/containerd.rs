@@ -226,12 +226,13 @@ impl Containerd {
 
     /// A `ctr` command against this containerd, in its namespace.
     pub fn ctr_cmd(&self, args: &[&str]) -> Command {
+        self.ctr_cmd_in(&self.ns, args)
+    }
+
+    /// A `ctr` command against this containerd, in namespace `ns` (docker's is `moby`).
+    pub fn ctr_cmd_in(&self, ns: &str, args: &[&str]) -> Command {
         let mut cmd = Command::new(self.binary("ctr"));
-        cmd.arg("-a")
-            .arg(&self.sock)
-            .arg("-n")
-            .arg(&self.ns)
-            .args(args);
+        cmd.arg("-a").arg(&self.sock).arg("-n").arg(ns).args(args);
         cmd.env("PATH", self.path_env());
         cmd
     }
@@ -242,10 +243,11 @@ impl Containerd {
 
     /// [`Containerd::ctr`] in namespace `ns` (docker's is `moby`).
     pub fn ctr_in(&self, ns: &str, args: &[&str]) -> Out {
-        let mut cmd = Command::new(self.binary("ctr"));
-        cmd.arg("-a").arg(&self.sock).arg("-n").arg(ns).args(args);
-        cmd.env("PATH", self.path_env());
-        run(&mut cmd, None, Duration::from_secs(120))
+        run(
+            &mut self.ctr_cmd_in(ns, args),
+            None,
+            Duration::from_secs(120),
+        )
     }
 
     pub fn ctr_stdin(&self, args: &[&str], input: &[u8]) -> Out {

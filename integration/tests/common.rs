@@ -48,7 +48,12 @@ pub const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i >> /counter; 
 
 /// `ctr tasks ls`'s columns after the id for task `id` (pid, status); empty when it is not listed.
 pub fn task_row(c: &Containerd, id: &str) -> Vec<String> {
-    c.ctr(&["tasks", "ls"])
+    task_row_in(c, &c.ns, id)
+}
+
+/// [`task_row`] in namespace `ns` (docker's is `moby`).
+pub fn task_row_in(c: &Containerd, ns: &str, id: &str) -> Vec<String> {
+    c.ctr_in(ns, &["tasks", "ls"])
         .stdout
         .lines()
         .find(|l| l.split_whitespace().next() == Some(id))

@@ -274,11 +274,9 @@ fn restored_output_reaches_docker_logs(tty: bool) {
     on_terminal(&docker_exec);
 
     // docker's State.Pid is the first init's; containerd knows the restored one.
-    let pid: i64 = ctr(&["tasks", "ls"])
-        .stdout
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(id.as_str()))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+    let pid: i64 = task_row_in(&c, "moby", &id)
+        .first()
+        .and_then(|p| p.parse().ok())
         .expect("the restored init's pid in ctr tasks ls");
     belayer_integration::sigkill(pid).expect("SIGKILL the init");
     let recoveries = || {
@@ -324,10 +322,10 @@ fn restored_output_reaches_docker_logs(tty: bool) {
     on_terminal(&fork_exec);
     ctr(&["tasks", "kill", "-s", "9", &fork]);
     wait_until(Duration::from_secs(10), || {
-        ctr(&["tasks", "ls"])
-            .stdout
-            .lines()
-            .all(|l| !l.starts_with(&format!("{fork} ")) || l.contains("STOPPED"))
+        matches!(
+            task_row_in(&c, "moby", &fork).get(1).map(String::as_str),
+            None | Some("STOPPED")
+        )
     });
     ctr(&["tasks", "rm", &fork]).ok();
     ctr(&["containers", "rm", &fork]).ok();

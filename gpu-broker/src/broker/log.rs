@@ -148,8 +148,9 @@ impl TokenLog {
 
     /// Drops the oldest finished requests until the rest fit the retention bounds.
     fn evict(&mut self) {
+        // Tokens are counted only for queued ids: over either bound, the queue is not empty.
         while self.finished.len() > self.retention.requests
-            || (self.finished_tokens > self.retention.tokens && !self.finished.is_empty())
+            || self.finished_tokens > self.retention.tokens
         {
             let Some(id) = self.finished.pop_front() else {
                 break;
