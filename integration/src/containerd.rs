@@ -176,9 +176,15 @@ impl Containerd {
         if let Some(config) = &self.belayer_config {
             cmd.env("BELAYER_CONFIG", config);
         }
+        // containerd's temporary files (a checkpoint image it unpacks for a restore, which it
+        // never removes) stay in the test's directory, where a test can look for them.
+        let tmp = self.tmp_dir();
+        std::fs::create_dir_all(&tmp).expect("create containerd's TMPDIR");
         let child = cmd
             .arg("--config")
             .arg(self.dir.join("config.toml"))
+            .env("TMPDIR", &tmp)
+            .env_remove("XDG_RUNTIME_DIR")
             .env("PATH", self.path_env())
             .env("BELAYER_STORE", &self.store)
             .stdout(log.try_clone().expect("log"))
@@ -195,6 +201,11 @@ impl Containerd {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// containerd's `$TMPDIR` (its shims inherit it).
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.dir.join("tmp")
     }
 
     /// containerd's pid.

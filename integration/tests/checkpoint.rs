@@ -285,6 +285,17 @@ fn containerd_checkpoint_carries_processes_and_filesystem() {
     ])
     .ok();
     assert_eq!(task_status(&c, "fromctr"), "RUNNING");
+    // containerd unpacked the image into its TMPDIR; the shim took the chain and removed the rest.
+    let unpacked: Vec<_> = std::fs::read_dir(c.tmp_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n.to_string_lossy().starts_with("ctrd-checkpoint"))
+        .collect();
+    assert!(
+        unpacked.is_empty(),
+        "left in containerd's TMPDIR: {unpacked:?}"
+    );
     let r = Sandbox::attach(&c, "fromctr");
     assert_eq!(
         r.exec("cat /marker /d/f; test -e /later || echo no-later", None)

@@ -4,6 +4,12 @@
 //!
 //! The exported directory is a small store: `belayer/checkpoints/<namespace>/<container>/<seq>/`
 //! for every checkpoint of the chain.
+//!
+//! To restore from a checkpoint image, containerd unpacks it into a fresh `ctrd-checkpoint*`
+//! directory under its temporary directory and never removes it (runc's restores leave theirs
+//! too). The import moves the chain out of such a directory instead of copying it, and removes
+//! what is left: otherwise every restore through containerd leaves a copy of the whole chain
+//! behind, memory pages included. A directory the caller named is only read.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,6 +43,40 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether `path` is the directory containerd unpacked a checkpoint image into for this create:
+/// `ctrd-checkpoint*` directly under `$XDG_RUNTIME_DIR`, or the temporary directory without it
+/// (containerd's `os.MkdirTemp(os.Getenv("XDG_RUNTIME_DIR"), "ctrd-checkpoint")`; the shim runs
+/// in containerd's environment).
+fn unpacked_by_containerd(path: &Path) -> bool {
+    let tmp = std::env::var_os("XDG_RUNTIME_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(std::env::temp_dir, PathBuf::from);
+    path.parent() == Some(tmp.as_path())
+        && path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("ctrd-checkpoint"))
+}
+
+/// Puts checkpoint directory `from` at `to`: a rename when `from` may be taken (falling back to
+/// a copy across filesystems), else a copy.
+fn take_or_copy(from: &Path, to: &Path, take: bool) -> Result<()> {
+    if take {
+        match std::fs::rename(from, to) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {}
+            Err(e) => {
+                return Err(Error::Checkpoint(format!(
+                    "move {} to {}: {e}",
+                    from.display(),
+                    to.display()
+                )));
+            }
+        }
+    }
+    copy_tree(from, to)
 }
 
 impl Inner {
@@ -90,6 +130,7 @@ impl Inner {
         let root = Path::new(path).join(EXPORT_DIR);
         let store = self.store();
         let root2 = root.clone();
+        let take = unpacked_by_containerd(Path::new(path));
         let path = path.to_string();
         tokio::task::spawn_blocking(move || -> Result<RestoreOptions> {
             let mut found = None;
@@ -110,9 +151,10 @@ impl Inner {
                         .map_err(io(format!("create {}", own.display())))?;
                     for seq in seqs {
                         if !own.join(seq.to_string()).exists() {
-                            copy_tree(
+                            take_or_copy(
                                 &exported.load(&nsn, &cn, seq)?.dir,
                                 &own.join(seq.to_string()),
+                                take,
                             )?;
                         }
                     }
@@ -123,9 +165,13 @@ impl Inner {
                     });
                 }
             }
-            found.ok_or_else(|| {
+            let found = found.ok_or_else(|| {
                 Error::InvalidArgument(format!("{path} holds no Belayer checkpoint"))
-            })
+            })?;
+            if take && let Err(e) = std::fs::remove_dir_all(&path) {
+                log::warn!("remove {path}, containerd's unpacked checkpoint: {e}");
+            }
+            Ok(found)
         })
         .await
         .map_err(|e| Error::Checkpoint(e.to_string()))?
