@@ -1,5 +1,6 @@
 //! Belayer's side: the episode under the Belayer runtime, `belayer checkpoint`, restore in place
-//! after a crash, restore of a live container, and a fork of 8 — each restore checked.
+//! after a crash, restore of a live container, and forks of 1, 2, 4 and 8 with the machine's CPU
+//! time each took — every restore checked.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,38 @@ use crate::episode::{self, Action, Sandbox};
 
 /// How many forks the fork measurement starts.
 pub const FORKS: u32 = 8;
+
+/// Every fork count measured, the fork of [`FORKS`] last: how the fork's time grows with the
+/// count, beside the CPU it takes, shows whether it is bound by the machine's cores.
+pub const FORK_COUNTS: &[u32] = &[1, 2, 4, FORKS];
+
+/// The samples' key of a fork of `n`'s wall time; `{key}_cpu` holds its CPU time.
+pub fn fork_key(n: u32) -> String {
+    format!("belayer_fork{n}")
+}
+
+/// Busy CPU time of the whole machine so far, all cores together (`/proc/stat`: user, nice,
+/// system, irq, softirq, steal), in seconds.
+fn busy_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    let busy: u64 = ticks
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !matches!(i, 3 | 4)) // idle, iowait
+        .map(|(_, t)| t)
+        .sum();
+    // SAFETY: sysconf(3) has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| busy as f64 / hz as f64)
+}
 
 /// Runs `belayer ARGS`, returning its output and wall time.
 fn timed(c: &Containerd, args: &[&str]) -> (Out, f64) {
@@ -121,34 +154,54 @@ pub fn measure(
     }
 
     breakdown(c, run, &id, &cp, samples, checks);
-    fork(c, run, &id, &cp, samples, checks);
+    for &n in FORK_COUNTS {
+        fork(c, run, &id, &cp, n, samples, checks);
+    }
     ctrd::remove(c, &id);
     let _ = c.belayer(&["rm", &id, &cp]);
     json!({ "run": run, "checkpoint": cp, "sizes": info["sizes"], "timings": info["timings"], "criu_stats": info["criu_stats"] })
 }
 
-/// `belayer fork --count 8`, timed until all 8 tasks run; each fork checked, then removed.
-fn fork(c: &Containerd, run: u32, id: &str, cp: &str, samples: &mut Samples, checks: &mut Checks) {
-    let count = FORKS.to_string();
+/// `belayer fork --count N`, timed until all N tasks run, with the machine's busy CPU time over
+/// the same span; each fork checked, then removed.
+fn fork(
+    c: &Containerd,
+    run: u32,
+    id: &str,
+    cp: &str,
+    n: u32,
+    samples: &mut Samples,
+    checks: &mut Checks,
+) {
+    let count = n.to_string();
+    let cpu_before = busy_cpu_s();
     let start = Instant::now();
     let out = c.belayer(&["fork", id, "--checkpoint", cp, "--count", &count]);
     let forks: Vec<String> = out.stdout.lines().map(str::to_string).collect();
     let ids: Vec<&str> = forks.iter().map(String::as_str).collect();
     let running = out.code == 0
-        && forks.len() == FORKS as usize
+        && forks.len() == n as usize
         && ctrd::wait_status(c, &ids, "RUNNING", Duration::from_secs(120));
     let secs = start.elapsed().as_secs_f64();
+    let cpu = cpu_before.zip(busy_cpu_s()).map(|(a, b)| b - a);
     checks.record(
         "belayer",
         run,
         id,
-        &format!("fork of {FORKS} runs {FORKS} tasks"),
+        &format!("fork of {n} runs {n} tasks"),
         running,
         format!("{out:?}"),
     );
     if running {
-        samples.push("belayer_fork8", secs);
-        eprintln!("  belayer fork of {FORKS} {secs:.2}s");
+        let key = fork_key(n);
+        samples.push(&key, secs);
+        if let Some(cpu) = cpu {
+            samples.push(&format!("{key}_cpu"), cpu);
+        }
+        eprintln!(
+            "  belayer fork of {n} {secs:.2}s (busy CPU {:.2}s)",
+            cpu.unwrap_or(f64::NAN)
+        );
         for f in &forks {
             let s = Sandbox::attach(c, f);
             let exec = |script: &str| s.exec(script, None);

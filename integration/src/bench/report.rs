@@ -2,6 +2,7 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::bench::belayer::{FORK_COUNTS, FORKS, fork_key};
 use crate::bench::check::Checks;
 use crate::bench::stats::Samples;
 
@@ -64,10 +65,54 @@ pub const MEASURES: &[(&str, &str)] = &[
         "… of which CRIU restore (shim's `restore_ms`)",
     ),
     (
+        "belayer_fork1",
+        "Belayer: `belayer fork --count 1` → running",
+    ),
+    (
+        "belayer_fork2",
+        "Belayer: `belayer fork --count 2` → both running",
+    ),
+    (
+        "belayer_fork4",
+        "Belayer: `belayer fork --count 4` → all 4 running",
+    ),
+    (
         "belayer_fork8",
         "Belayer: `belayer fork --count 8` → all 8 running",
     ),
 ];
+
+/// How the fork scales with its count: per count, the medians of its wall time and of the
+/// machine's busy CPU time over it, that time against one restore, and the CPU per fork.
+pub fn fork_scaling(s: &Samples) -> Vec<Value> {
+    let restore = s.median("belayer_restore");
+    FORK_COUNTS
+        .iter()
+        .filter_map(|&n| {
+            let key = fork_key(n);
+            let wall = s.median(&key)?;
+            let cpu = s.median(&format!("{key}_cpu"));
+            Some(json!({
+                "forks": n,
+                "wall_s": round3(wall),
+                "x_restore": restore.map(|r| round3(wall / r)),
+                "busy_cpu_s": cpu.map(round3),
+                "cpu_per_fork_s": cpu.map(|c| round3(c / f64::from(n))),
+            }))
+        })
+        .collect()
+}
+
+/// The fewest cores on which the fork of [`FORKS`] could finish within 2× one restore, if its
+/// CPU time spread perfectly over them: a lower bound from the medians, not a measurement.
+pub fn fork_cores_needed(s: &Samples) -> Option<f64> {
+    let cpu = s.median(&format!("{}_cpu", fork_key(FORKS)))?;
+    Some((cpu / (2.0 * s.median("belayer_restore")?)).ceil())
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
 
 /// A ratio of two medians: key, numerator, denominator, label, target (`≥` or `<` a bound).
 pub struct Ratio {
@@ -169,6 +214,35 @@ pub fn table(s: &Samples, checks: &Checks, podman: &str, runs: u32) -> String {
         };
         t.push_str(&format!("| {} | {value} | {target} | {met} |\n", r.label));
     }
+    let scaling = fork_scaling(s);
+    if !scaling.is_empty() {
+        let cell = |v: &Value, k: &str| {
+            v[k].as_f64()
+                .map_or_else(|| "—".into(), |x| format!("{x:.3}"))
+        };
+        let row = |label: &str, k: &str| {
+            let cells: Vec<String> = scaling.iter().map(|v| cell(v, k)).collect();
+            format!("| {label} | {} |\n", cells.join(" | "))
+        };
+        let counts: Vec<String> = scaling.iter().map(|v| v["forks"].to_string()).collect();
+        t.push_str(&format!(
+            "\n| forks (medians) | {} |\n|---|{}\n",
+            counts.join(" | "),
+            "---:|".repeat(counts.len())
+        ));
+        t.push_str(&row("`belayer fork` → all running (s)", "wall_s"));
+        t.push_str(&row("× one restore", "x_restore"));
+        t.push_str(&row("busy CPU of the machine, all cores (s)", "busy_cpu_s"));
+        t.push_str(&row("busy CPU per fork (s)", "cpu_per_fork_s"));
+        if let Some(cores) = fork_cores_needed(s) {
+            t.push_str(&format!(
+                "\nAt this CPU time, a fork of {FORKS} fits in 2× one restore only on {cores:.0} or more \
+                 cores (its busy CPU ÷ 2 restores; a lower bound that assumes perfect parallelism). \
+                 This machine has {}.\n",
+                std::thread::available_parallelism().map_or(0, |n| n.get())
+            ));
+        }
+    }
     t.push_str("\n| system | check (Belayer's gate the exit status) | passed | first failure |\n|---|---|---:|---|\n");
     for (system, what, passed, total, failure) in checks.summary() {
         let failure = failure.map_or_else(String::new, |f| f.replace('|', "/"));
@@ -201,6 +275,8 @@ pub fn summary(s: &Samples, checks: &Checks, podman: &str) -> Value {
         "bench": "env",
         "medians": medians,
         "ratios": ratios,
+        "fork_scaling": fork_scaling(s),
+        "fork8_cores_needed": fork_cores_needed(s),
         "targets_met": met,
         "checks": checks.0.len(),
         "checks_failed": checks.failed(),
@@ -227,4 +303,30 @@ pub fn results(
         .map(|c| json!({ "system": c.system, "run": c.run, "target": c.target, "what": c.what, "ok": c.ok, "detail": c.detail }))
         .collect();
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fork_scaling_from_medians() {
+        let mut s = Samples::default();
+        s.push("belayer_restore", 0.2);
+        for (n, wall, cpu) in [(1, 0.2, 0.25), (2, 0.25, 0.4), (8, 1.0, 2.0)] {
+            s.push(&fork_key(n), wall);
+            s.push(&format!("{}_cpu", fork_key(n)), cpu);
+        }
+        let rows = fork_scaling(&s);
+        // The fork of 4 has no samples: no row for it.
+        let counts: Vec<u64> = rows.iter().map(|r| r["forks"].as_u64().unwrap()).collect();
+        assert_eq!(counts, [1, 2, 8]);
+        assert_eq!(rows[2]["x_restore"], 5.0);
+        assert_eq!(rows[2]["cpu_per_fork_s"], 0.25);
+        // 2 s of CPU in 2 × 0.2 s: at least 5 cores.
+        assert_eq!(fork_cores_needed(&s), Some(5.0));
+        let t = table(&s, &Checks::default(), "", 1);
+        assert!(t.contains("| forks (medians) | 1 | 2 | 8 |"), "{t}");
+        assert!(t.contains("only on 5 or more cores"), "{t}");
+    }
 }

@@ -1,6 +1,6 @@
 //! `belayer-bench env`: environment recovery on the reference episode — replay in a fresh
 //! container vs containerd's and podman's checkpoint/restore vs Belayer's checkpoint, restore and
-//! fork of 8, with every restore checked. Writes results.json, table.md and plot.svg; the last
+//! forks of 1, 2, 4 and 8 (with the CPU they take), every restore checked. Writes results.json, table.md and plot.svg; the last
 //! stdout line is one JSON object with the medians and ratios. Exits non-zero when a check fails.
 
 use std::process::{Command, ExitCode};
@@ -163,7 +163,7 @@ fn context(args: &Args) -> Value {
         "command": command,
         "runs": args.runs,
         "holder_mb": args.holder_mb,
-        "forks": belayer::FORKS,
+        "forks": belayer::FORK_COUNTS,
         "image": SANDBOX,
         "kernel": version("uname", &["-r"]),
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
