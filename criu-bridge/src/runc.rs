@@ -197,6 +197,9 @@ pub struct Runc {
     pub root: PathBuf,
     /// The CRIU binary runc runs (`--criu`).
     pub criu: PathBuf,
+    /// `--systemd-cgroup`: the container's `cgroupsPath` is `slice:prefix:name`, for systemd
+    /// (what a restore, which creates the container anew, must know).
+    pub systemd_cgroup: bool,
     /// How children are spawned.
     pub spawner: Arc<dyn Spawner>,
 }
@@ -207,6 +210,7 @@ impl fmt::Debug for Runc {
             .field("binary", &self.binary)
             .field("root", &self.root)
             .field("criu", &self.criu)
+            .field("systemd_cgroup", &self.systemd_cgroup)
             .finish()
     }
 }
@@ -218,6 +222,7 @@ impl Runc {
             binary: "runc".into(),
             root: root.into(),
             criu: "criu".into(),
+            systemd_cgroup: false,
             spawner: Arc::new(StdSpawner),
         }
     }
@@ -228,6 +233,9 @@ impl Runc {
             .arg(&self.root)
             .arg("--criu")
             .arg(&self.criu);
+        if self.systemd_cgroup {
+            c.arg("--systemd-cgroup");
+        }
         // Every stdio is set explicitly, so a custom [`Spawner`] (which cannot read a
         // `Command`'s stdio back) captures exactly what `Command::output` would.
         c.stdin(Stdio::null())

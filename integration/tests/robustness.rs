@@ -248,3 +248,58 @@ fn hundred_create_delete_cycles_leak_nothing() {
     );
     remove(&c, "execs");
 }
+
+/// A cgroups path in systemd's `slice:prefix:name` form (docker's systemd driver, CRI in a
+/// systemd slice) goes to runc's systemd driver, as it would under runc's own shim with
+/// `SystemdCgroup`: with systemd the container lands in its scope under the slice; without
+/// systemd (these machines), the create fails naming it. Never is the path taken for a cgroupfs
+/// directory with colons in its name, outside the slice and its limits.
+#[test]
+fn a_systemd_cgroups_path_goes_to_runcs_systemd_driver() {
+    let c = Containerd::start(Flavor::V2);
+    let id = "sdcg";
+    let path = format!("system.slice:belayer-it:{id}");
+    let out = c.ctr(&[
+        "run",
+        "-d",
+        "--runtime",
+        BELAYER,
+        "--cgroup",
+        &path,
+        BUSYBOX,
+        id,
+        "sleep",
+        "600",
+    ]);
+    if std::path::Path::new("/run/systemd/system").is_dir() {
+        assert_eq!(out.code, 0, "{out:?}");
+        let pid = task_row(&c, id)[0].clone();
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        assert!(
+            cgroup.contains(&format!("system.slice/belayer-it-{id}.scope")),
+            "not in its systemd scope: {cgroup}"
+        );
+        remove(&c, id);
+    } else {
+        assert_ne!(
+            out.code, 0,
+            "ran with a systemd cgroups path and no systemd: {out:?}"
+        );
+        assert!(
+            out.stderr.to_lowercase().contains("systemd") || out.stderr.contains("dbus"),
+            "{out:?}"
+        );
+        let _ = c.ctr(&["containers", "rm", id]);
+    }
+    let literal = std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|d| d.path().join(&path))
+        .find(|p| p.exists());
+    assert!(
+        literal.is_none(),
+        "a cgroupfs directory named like the systemd path: {literal:?}"
+    );
+    assert_nothing_left(&c, id);
+}

@@ -451,8 +451,10 @@ impl Inner {
             .work(&self.namespace, &c.id)
             .join(format!("restore-{}", cp.manifest.seq));
         let _ = std::fs::remove_dir_all(&work);
+        let mut runc = self.bridge_runc();
+        runc.systemd_cgroup = c.systemd_cgroup;
         let (runc, cp2, id, bundle, pf) = (
-            self.bridge_runc(),
+            runc,
             cp.clone(),
             c.id.clone(),
             c.bundle.clone(),

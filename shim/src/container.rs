@@ -21,6 +21,9 @@ pub struct Container {
     /// The rootfs path the spec names (its overlay is what checkpoints capture and restores
     /// replace).
     pub rootfs: PathBuf,
+    /// runc manages the container's cgroup through systemd (`--systemd-cgroup`): the runtime
+    /// option `SystemdCgroup`, or a cgroups path in systemd's form. Restores need it too.
+    pub systemd_cgroup: bool,
     /// The rootfs the shim mounted (containerd's mounts, or a checkpoint's chain); none when the
     /// spec names one mounted by someone else.
     pub mounted_rootfs: Option<PathBuf>,
@@ -109,6 +112,7 @@ impl Container {
             uncaptured_warned: Vec::new(),
             id: id.to_string(),
             rootfs: bundle.join("rootfs"),
+            systemd_cgroup: false,
             bundle,
             mounted_rootfs: None,
             init,

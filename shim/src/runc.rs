@@ -55,6 +55,14 @@ impl Runc {
         }
     }
 
+    /// This runc with `--systemd-cgroup` on or off (for a container whose cgroups path needs it).
+    pub fn for_cgroups(&self, systemd_cgroup: bool) -> Self {
+        Self {
+            systemd_cgroup,
+            ..self.clone()
+        }
+    }
+
     async fn run(
         &self,
         step: &'static str,

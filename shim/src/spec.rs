@@ -48,6 +48,17 @@ impl Spec {
         self.value["process"]["terminal"].as_bool().unwrap_or(false)
     }
 
+    /// Whether `linux.cgroupsPath` is in systemd's `slice:prefix:name` form, which runc reads
+    /// only with `--systemd-cgroup` (without it the path names a cgroupfs directory, colons and
+    /// all, outside the slice). docker's systemd driver (`system.slice:docker:ID`) and CRI for a
+    /// pod in a systemd slice (`…pod….slice:cri-containerd:ID`) write it this way, and neither
+    /// can hand a runtime other than runc its `SystemdCgroup` option.
+    pub fn systemd_cgroups_path(&self) -> bool {
+        self.value["linux"]["cgroupsPath"]
+            .as_str()
+            .is_some_and(is_systemd_cgroups_path)
+    }
+
     /// The rootfs path the spec names (relative to `bundle` unless absolute).
     pub fn root(&self, bundle: &Path) -> PathBuf {
         let root = self.value["root"]["path"].as_str().unwrap_or("rootfs");
@@ -102,5 +113,34 @@ mod tests {
         std::fs::write(dir.path().join("config.json"), "{").unwrap();
         let err = Spec::load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("config.json"), "{err}");
+    }
+}
+
+/// `slice:prefix:name` with the slice empty (runc's default) or a `.slice` unit.
+fn is_systemd_cgroups_path(path: &str) -> bool {
+    let parts: Vec<&str> = path.split(':').collect();
+    parts.len() == 3
+        && (parts[0].is_empty() || parts[0].ends_with(".slice"))
+        && !parts[0].contains('/')
+        && !parts[2].is_empty()
+}
+
+#[cfg(test)]
+mod cgroups_path_tests {
+    use super::is_systemd_cgroups_path as systemd;
+
+    #[test]
+    fn systemd_form_is_told_from_a_cgroupfs_path() {
+        assert!(systemd("system.slice:docker:0123abcd"));
+        assert!(systemd(
+            "kubepods-besteffort-pod1234.slice:cri-containerd:0123abcd"
+        ));
+        assert!(systemd(":belayer:sb1"));
+        assert!(!systemd("/default/sb1"));
+        assert!(!systemd("/kubepods/besteffort/pod1234/0123abcd"));
+        assert!(!systemd("default/sb1:x"));
+        assert!(!systemd("/a.slice:b:c"));
+        assert!(!systemd("system.slice:docker:"));
+        assert!(!systemd(""));
     }
 }

@@ -241,6 +241,8 @@ impl Inner {
         );
         c.policy = crate::auto::ContainerPolicy::from_spec(&spec, &self.settings);
         c.rootfs = spec.root(&bundle);
+        c.systemd_cgroup =
+            systemd_cgroup_option(req.options.as_ref())? || spec.systemd_cgroups_path();
         c.mounted_rootfs = crate::rootfs::mount(&bundle, &req.rootfs).await?;
         let pid = match &restore {
             Some(opts) => {
@@ -251,7 +253,8 @@ impl Inner {
                 0
             }
             None => {
-                match container::spawn_process(&self.runc, &req.id, &bundle, &paths, None).await {
+                let runc = self.runc.for_cgroups(c.systemd_cgroup);
+                match container::spawn_process(&runc, &req.id, &bundle, &paths, None).await {
                     Ok((pid, pio)) => {
                         c.init.pid = pid;
                         c.init.io = Some(pio);
@@ -807,6 +810,22 @@ impl containerd_shim::Task for TaskService {
     }
 }
 
+/// runc's `SystemdCgroup` among a create request's options, when they are runc's
+/// (`containerd.runc.v1.Options`, as `ctr --runc-systemd-cgroup` and containerd's runc
+/// configuration send them); other option types say nothing about it.
+fn systemd_cgroup_option(
+    options: Option<&containerd_shim::protos::protobuf::well_known_types::any::Any>,
+) -> Result<bool> {
+    use containerd_shim::protos::protobuf::Message;
+    use containerd_shim::protos::shim::oci::Options;
+    let Some(any) = options.filter(|a| a.type_url.ends_with("containerd.runc.v1.Options")) else {
+        return Ok(false);
+    };
+    Options::parse_from_bytes(&any.value)
+        .map(|o| o.systemd_cgroup)
+        .map_err(|e| Error::InvalidArgument(format!("runtime options ({}): {e}", any.type_url)))
+}
+
 /// The Belayer restore options a task was created with (its spec's annotation), if any.
 fn restore_options(spec: &crate::spec::Spec) -> Result<Option<crate::api::RestoreOptions>> {
     match spec.annotation(crate::api::RESTORE_ANNOTATION) {
@@ -817,5 +836,39 @@ fn restore_options(spec: &crate::spec::Spec) -> Result<Option<crate::api::Restor
             ))
         }),
         None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::systemd_cgroup_option;
+    use containerd_shim::protos::protobuf::Message;
+    use containerd_shim::protos::protobuf::well_known_types::any::Any;
+    use containerd_shim::protos::shim::oci::Options;
+
+    fn any(type_url: &str, value: Vec<u8>) -> Any {
+        let mut a = Any::new();
+        a.type_url = type_url.into();
+        a.value = value;
+        a
+    }
+
+    #[test]
+    fn runcs_systemd_cgroup_option_is_read() {
+        let on = Options {
+            systemd_cgroup: true,
+            ..Default::default()
+        };
+        let bytes = on.write_to_bytes().unwrap();
+        assert!(
+            systemd_cgroup_option(Some(&any("containerd.runc.v1.Options", bytes.clone()))).unwrap()
+        );
+        assert!(!systemd_cgroup_option(Some(&any("containerd.runc.v1.Options", vec![]))).unwrap());
+        // Another runtime's options type says nothing about it.
+        assert!(!systemd_cgroup_option(Some(&any("runtimeoptions.v1.Options", bytes))).unwrap());
+        assert!(!systemd_cgroup_option(None).unwrap());
+        let bad = systemd_cgroup_option(Some(&any("containerd.runc.v1.Options", vec![0xff])))
+            .unwrap_err();
+        assert!(bad.to_string().contains("runtime options"), "{bad}");
     }
 }
