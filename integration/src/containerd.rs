@@ -112,6 +112,31 @@ impl Containerd {
         store: Option<PathBuf>,
         belayer_config: Option<PathBuf>,
     ) -> Self {
+        Self::start_inner(flavor, store, belayer_config, None)
+    }
+
+    /// A containerd 2.x with its CRI plugin, Belayer registered as runtime handler `belayer` by
+    /// the shipped `configs/containerd/config-2.x.toml`, `belayer.local/pause` as the sandbox
+    /// image and no CNI (pods use the host's network). Works in CRI's namespace `k8s.io`, into
+    /// which busybox and the pause image are imported.
+    #[track_caller]
+    pub fn start_cri() -> Self {
+        let shipped =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/containerd/config-2.x.toml");
+        let entries =
+            std::fs::read_to_string(&shipped).expect("read the shipped containerd config");
+        let c = Self::start_inner(Flavor::V2, None, None, Some(entries));
+        c.import(&prereq::image("pause.tar"));
+        c
+    }
+
+    #[track_caller]
+    fn start_inner(
+        flavor: Flavor,
+        store: Option<PathBuf>,
+        belayer_config: Option<PathBuf>,
+        cri_entries: Option<String>,
+    ) -> Self {
         let bin_dir = prereq::bin_dir();
         prereq::require_bin("runc");
         match flavor {
@@ -131,17 +156,46 @@ impl Containerd {
         std::fs::create_dir_all(&dir).expect("create test dir");
         let sock = dir.join("containerd.sock");
         let version = if flavor == Flavor::V2 { 3 } else { 2 };
+        let disabled = if cri_entries.is_none() {
+            "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n"
+        } else {
+            ""
+        };
+        let plugins = match &cri_entries {
+            None => String::new(),
+            Some(entries) => {
+                let entries: String = entries
+                    .lines()
+                    .filter(|l| !l.trim_start().starts_with("version"))
+                    .map(|l| format!("{l}\n"))
+                    .collect();
+                format!(
+                    // The pod sandbox gets oom_score_adj -998, and lowering one needs
+                    // CAP_SYS_RESOURCE, which these machines' root lacks (runc: "failed to
+                    // update /proc/self/oom_score_adj: Permission denied").
+                    "[plugins.'io.containerd.cri.v1.runtime']\n  restrict_oom_score_adj = true\n\
+                     [plugins.'io.containerd.cri.v1.images'.pinned_images]\n  \
+                     sandbox = \"belayer.local/pause:latest\"\n\
+                     [plugins.'io.containerd.cri.v1.runtime'.cni]\n  \
+                     bin_dirs = [\"{d}/cni/bin\"]\n  conf_dir = \"{d}/cni/conf\"\n{entries}",
+                    d = dir.display()
+                )
+            }
+        };
         let config = format!(
-            "version = {version}\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n\
-             disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
-             [grpc]\n  address = \"{s}\"\n[ttrpc]\n  address = \"{s}.ttrpc\"\n",
+            "version = {version}\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n{disabled}\
+             [grpc]\n  address = \"{s}\"\n[ttrpc]\n  address = \"{s}.ttrpc\"\n{plugins}",
             d = dir.display(),
             s = sock.display()
         );
         std::fs::write(dir.join("config.toml"), config).expect("write config");
         let mut c = Self {
             flavor,
-            ns: format!("bt{}x{n}", std::process::id()),
+            ns: if cri_entries.is_some() {
+                "k8s.io".to_string()
+            } else {
+                format!("bt{}x{n}", std::process::id())
+            },
             store: store.unwrap_or_else(|| dir.join("store")),
             belayer_config,
             dir,

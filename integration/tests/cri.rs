@@ -1,0 +1,213 @@
+//! Kubernetes' path: containerd's CRI plugin with Belayer registered as runtime handler `belayer`
+//! by the shipped `configs/containerd/config-2.x.toml` (what a RuntimeClass `handler: belayer`
+//! selects), driven through the CRI API as the kubelet drives it. A pod's sandbox and its
+//! container share one Belayer shim; the container checkpoints and restores in namespace
+//! `k8s.io` while CRI keeps seeing it running; removing the pod leaves nothing behind.
+//!
+//! There is no kubelet or crictl on these machines (neither is packaged in Debian): the test is
+//! the CRI client. Pods use the host's network (no CNI here).
+
+mod common;
+
+use std::time::Duration;
+
+use belayer_integration::episode::{Sandbox, is_contiguous};
+use belayer_integration::{Containerd, leaks};
+use common::*;
+use k8s_cri::v1 as cri;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+
+/// A blocking CRI runtime client of one containerd.
+struct Cri {
+    rt: tokio::runtime::Runtime,
+    client: RuntimeServiceClient<containerd_client::tonic::transport::Channel>,
+}
+
+impl Cri {
+    fn connect(c: &Containerd) -> Self {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let channel = rt
+            .block_on(containerd_client::connect(&c.sock))
+            .expect("connect to containerd");
+        Self {
+            rt,
+            client: RuntimeServiceClient::new(channel),
+        }
+    }
+
+    /// `call` on the client, its error as the status message.
+    fn call<T, F>(
+        &mut self,
+        call: impl FnOnce(RuntimeServiceClient<containerd_client::tonic::transport::Channel>) -> F,
+    ) -> Result<T, String>
+    where
+        F: std::future::Future<
+                Output = Result<
+                    containerd_client::tonic::Response<T>,
+                    containerd_client::tonic::Status,
+                >,
+            >,
+    {
+        let client = self.client.clone();
+        self.rt
+            .block_on(call(client))
+            .map(|r| r.into_inner())
+            .map_err(|s| s.message().to_string())
+    }
+
+    fn container_state(&mut self, id: &str) -> i32 {
+        let req = cri::ContainerStatusRequest {
+            container_id: id.into(),
+            verbose: false,
+        };
+        let status = self
+            .call(|mut c| async move { c.container_status(req).await })
+            .expect("ContainerStatus");
+        status.status.expect("a status").state
+    }
+}
+
+/// Pod-level Linux settings as the kubelet sends them for a host-network pod.
+fn namespaces() -> cri::NamespaceOption {
+    cri::NamespaceOption {
+        network: cri::NamespaceMode::Node as i32,
+        pid: cri::NamespaceMode::Container as i32,
+        ipc: cri::NamespaceMode::Pod as i32,
+        ..Default::default()
+    }
+}
+
+fn pod_config() -> cri::PodSandboxConfig {
+    cri::PodSandboxConfig {
+        metadata: Some(cri::PodSandboxMetadata {
+            name: "agent-pod".into(),
+            uid: "belayer-it-pod-uid".into(),
+            namespace: "default".into(),
+            attempt: 0,
+        }),
+        linux: Some(cri::LinuxPodSandboxConfig {
+            security_context: Some(cri::LinuxSandboxSecurityContext {
+                namespace_options: Some(namespaces()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
+    let c = Containerd::start_cri();
+    let mut cri = Cri::connect(&c);
+
+    let req = cri::RunPodSandboxRequest {
+        config: Some(pod_config()),
+        runtime_handler: "belayer".into(),
+    };
+    let pod = cri
+        .call(|mut c| async move { c.run_pod_sandbox(req).await })
+        .expect("RunPodSandbox on handler belayer")
+        .pod_sandbox_id;
+
+    let req = cri::CreateContainerRequest {
+        pod_sandbox_id: pod.clone(),
+        config: Some(cri::ContainerConfig {
+            metadata: Some(cri::ContainerMetadata {
+                name: "sandbox".into(),
+                attempt: 0,
+            }),
+            image: Some(cri::ImageSpec {
+                image: "belayer.local/busybox:latest".into(),
+                ..Default::default()
+            }),
+            command: vec!["sh".into(), "-c".into(), "mkdir -p /work; i=0; while true; do i=$((i+1)); echo $i >> /work/counter; sleep 0.01; done".into()],
+            linux: Some(cri::LinuxContainerConfig {
+                security_context: Some(cri::LinuxContainerSecurityContext {
+                    namespace_options: Some(namespaces()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        sandbox_config: Some(pod_config()),
+    };
+    let id = cri
+        .call(|mut c| async move { c.create_container(req).await })
+        .expect("CreateContainer")
+        .container_id;
+    let req = cri::StartContainerRequest {
+        container_id: id.clone(),
+    };
+    cri.call(|mut c| async move { c.start_container(req).await })
+        .expect("StartContainer");
+    assert_eq!(
+        cri.container_state(&id),
+        cri::ContainerState::ContainerRunning as i32
+    );
+
+    // The pod's sandbox and its container run under one Belayer shim.
+    let shims: Vec<u32> = c.shim_pids();
+    assert_eq!(shims.len(), 1, "one shim for the pod, got {shims:?}");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", shims[0])).unwrap_or_default();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("containerd-shim-belayer-v1"),
+        "the pod's shim is not Belayer's: {}",
+        String::from_utf8_lossy(&cmdline)
+    );
+
+    let s = Sandbox::attach(&c, &id);
+    assert_eq!(s.exec("echo kept > /kept", None).code, 0);
+    let cp = c
+        .belayer(&["checkpoint", &id])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    assert_eq!(s.exec("rm /kept && echo later > /later", None).code, 0);
+    c.belayer(&["restore", &id, "--checkpoint", &cp]).ok();
+    assert_eq!(
+        cri.container_state(&id),
+        cri::ContainerState::ContainerRunning as i32,
+        "CRI lost the restored container"
+    );
+    assert_eq!(
+        s.exec("cat /kept; test -e /later || echo no-later", None)
+            .stdout,
+        "kept\nno-later\n"
+    );
+    let counter = s.counter();
+    assert!(
+        is_contiguous(&counter)
+            && wait_until(Duration::from_secs(5), || s.counter().len() > counter.len()),
+        "the restored counter is not 1..N or does not go on: {:?}",
+        &counter[counter.len().saturating_sub(8)..]
+    );
+
+    // The kubelet's teardown: stop and remove the pod. Nothing of it is left.
+    let req = cri::StopPodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    };
+    cri.call(|mut c| async move { c.stop_pod_sandbox(req).await })
+        .expect("StopPodSandbox");
+    let req = cri::RemovePodSandboxRequest {
+        pod_sandbox_id: pod.clone(),
+    };
+    cri.call(|mut c| async move { c.remove_pod_sandbox(req).await })
+        .expect("RemovePodSandbox");
+    assert!(
+        wait_until(Duration::from_secs(10), || c.shim_pids().is_empty()),
+        "shims left after the pod went: {:?}",
+        c.shim_pids()
+    );
+    let mounts: Vec<String> = leaks::mounts_under(&c.dir)
+        .into_iter()
+        .filter(|m| m.contains(&pod) || m.contains(&id))
+        .collect();
+    assert!(mounts.is_empty(), "mounts of the pod left: {mounts:?}");
+    let _ = c.belayer(&["rm", &id, &cp]);
+}
