@@ -103,6 +103,22 @@ fn pod_config() -> cri::PodSandboxConfig {
 fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
     let c = Containerd::start_cri();
     let mut cri = Cri::connect(&c);
+    // CRI answers "not initialized" for a moment after containerd comes up, as the kubelet sees
+    // it at node start; it waits for RuntimeReady too. (NetworkReady stays false: no CNI.)
+    let runtime_ready = |cri: &mut Cri| {
+        cri.call(|mut c| async move { c.status(cri::StatusRequest { verbose: false }).await })
+            .ok()
+            .and_then(|s| s.status)
+            .is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|k| k.r#type == "RuntimeReady" && k.status)
+            })
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), || runtime_ready(&mut cri)),
+        "CRI never reported RuntimeReady"
+    );
 
     let req = cri::RunPodSandboxRequest {
         config: Some(pod_config()),
