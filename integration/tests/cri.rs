@@ -2,7 +2,9 @@
 //! by the shipped `configs/containerd/config-2.x.toml` (what a RuntimeClass `handler: belayer`
 //! selects), driven through the CRI API as the kubelet drives it. A pod's sandbox and its
 //! container share one Belayer shim; the container checkpoints and restores in namespace
-//! `k8s.io` while CRI keeps seeing it running; removing the pod leaves nothing behind.
+//! `k8s.io` while CRI keeps seeing it running (and keeps running through CRI's own
+//! CheckpointContainer, which cannot take Belayer's export); removing the pod leaves nothing
+//! behind.
 //!
 //! There is no kubelet or crictl on these machines (neither is packaged in Debian): the test is
 //! the CRI client. Pods use the host's network (no CNI here).
@@ -174,6 +176,21 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
         String::from_utf8_lossy(&cmdline).contains("containerd-shim-belayer-v1"),
         "the pod's shim is not Belayer's: {}",
         String::from_utf8_lossy(&cmdline)
+    );
+
+    // Kubernetes' own checkpoint (the kubelet's checkpoint API → CRI CheckpointContainer) does
+    // not take Belayer's export yet: CRI unpacks the checkpoint blob as a flat directory of CRIU
+    // images, and the export is a tree. Whatever it answers, the container keeps running.
+    let req = cri::CheckpointContainerRequest {
+        container_id: id.clone(),
+        location: format!("{}/cri-checkpoint.tar", c.dir.display()),
+        timeout: 0,
+    };
+    let answer = cri.call(|mut c| async move { c.checkpoint_container(req).await });
+    assert_eq!(
+        cri.container_state(&id),
+        cri::ContainerState::ContainerRunning as i32,
+        "not running after CRI's CheckpointContainer ({answer:?})"
     );
 
     let s = Sandbox::attach(&c, &id);
