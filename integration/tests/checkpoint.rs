@@ -243,16 +243,7 @@ fn chain_of_three_and_four_forks() {
 #[test]
 fn containerd_checkpoint_carries_processes_and_filesystem() {
     let c = Containerd::start(Flavor::V2);
-    run_detached(
-        &c,
-        BELAYER,
-        "viactr",
-        &[
-            "sh",
-            "-c",
-            "mkdir -p /work; i=0; while true; do i=$((i+1)); echo $i >> /work/counter; sleep 0.01; done",
-        ],
-    );
+    run_detached(&c, BELAYER, "viactr", &["sh", "-c", COUNTER_LOOP]);
     let s = Sandbox::attach(&c, "viactr");
     assert_eq!(
         s.exec("echo kept > /marker && mkdir -p /d && echo x > /d/f", None)

@@ -46,6 +46,13 @@ pub fn observe(label: &str, out: &Out, id: &str) -> Vec<String> {
 /// A shell loop appending 1, 2, 3, … to `/counter`, 100 a second: shows whether a container runs.
 pub const COUNTER: &str = "i=0; while true; do i=$((i+1)); echo $i >> /counter; sleep 0.01; done";
 
+/// [`COUNTER`] into `/work/counter`, where
+/// [`Sandbox::counter`](belayer_integration::episode::Sandbox::counter) reads it (the episode's
+/// own counter file), making `/work` first: after a restore the file reads 1..N exactly when
+/// memory and filesystem agree.
+pub const COUNTER_LOOP: &str =
+    "mkdir -p /work; i=0; while true; do i=$((i+1)); echo $i >> /work/counter; sleep 0.01; done";
+
 /// `ctr tasks ls`'s columns after the id for task `id` (pid, status); empty when it is not listed.
 pub fn task_row(c: &Containerd, id: &str) -> Vec<String> {
     task_row_in(c, &c.ns, id)

@@ -142,7 +142,7 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
                 image: "belayer.local/busybox:latest".into(),
                 ..Default::default()
             }),
-            command: vec!["sh".into(), "-c".into(), "mkdir -p /work; i=0; while true; do i=$((i+1)); echo $i >> /work/counter; sleep 0.01; done".into()],
+            command: vec!["sh".into(), "-c".into(), COUNTER_LOOP.into()],
             linux: Some(cri::LinuxContainerConfig {
                 security_context: Some(cri::LinuxContainerSecurityContext {
                     namespace_options: Some(namespaces()),

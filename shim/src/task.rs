@@ -227,6 +227,9 @@ impl Inner {
             stderr: req.stderr.clone(),
             terminal: req.terminal || spec.terminal(),
         };
+        // Checked before the import below takes containerd's unpacked checkpoint.
+        let systemd_cgroup =
+            systemd_cgroup_option(req.options.as_ref())? || spec.systemd_cgroups_path();
         let restore = match req.checkpoint.as_str() {
             "" => restore_options(&spec)?,
             path => Some(self.import_checkpoint(path).await?),
@@ -241,8 +244,7 @@ impl Inner {
         );
         c.policy = crate::auto::ContainerPolicy::from_spec(&spec, &self.settings);
         c.rootfs = spec.root(&bundle);
-        c.systemd_cgroup =
-            systemd_cgroup_option(req.options.as_ref())? || spec.systemd_cgroups_path();
+        c.systemd_cgroup = systemd_cgroup;
         c.mounted_rootfs = crate::rootfs::mount(&bundle, &req.rootfs).await?;
         let pid = match &restore {
             Some(opts) => {

@@ -1,7 +1,8 @@
 //! `belayer-bench env`: environment recovery on the reference episode — replay in a fresh
 //! container vs containerd's and podman's checkpoint/restore vs Belayer's checkpoint, restore and
-//! forks of 1, 2, 4 and 8 (with the CPU they take), every restore checked. Writes results.json, table.md and plot.svg; the last
-//! stdout line is one JSON object with the medians and ratios. Exits non-zero when a check fails.
+//! forks of 1, 2, 4 and 8 (with the CPU they take), every restore checked. Writes results.json,
+//! table.md and plot.svg; the last stdout line is one JSON object with the medians and ratios.
+//! Exits non-zero when a check fails.
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
