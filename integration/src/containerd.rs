@@ -397,6 +397,9 @@ impl Drop for Containerd {
             let _ = crate::sigkill(pid.into());
         }
         crate::leaks::unmount_under(&self.dir);
+        if self.ns != "k8s.io" {
+            crate::leaks::remove_namespace_cgroups(&self.ns);
+        }
         // BELAYER_KEEP_TEST_DIR=1 keeps logs and state for a post-mortem.
         if std::env::var_os("BELAYER_KEEP_TEST_DIR").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);

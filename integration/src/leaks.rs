@@ -1,6 +1,6 @@
 //! What a test may leave behind on the host: mounts, processes, cgroups, file descriptors.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Mount points at or below `dir`.
 pub fn mounts_under(dir: &Path) -> Vec<String> {
@@ -76,14 +76,7 @@ pub fn fd_count(pid: u32) -> usize {
 /// each container's cgroup at `/<namespace>/<id>`.
 pub fn cgroups_of_namespace(ns: &str) -> Vec<String> {
     let mut found = Vec::new();
-    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
-        return found;
-    };
-    let mut roots: Vec<_> = hierarchies
-        .filter_map(|h| h.ok().map(|h| h.path().join(ns)))
-        .collect();
-    roots.push(Path::new("/sys/fs/cgroup").join(ns));
-    for root in roots {
+    for root in namespace_cgroup_roots(ns) {
         if let Ok(children) = std::fs::read_dir(&root) {
             found.extend(
                 children
@@ -94,4 +87,26 @@ pub fn cgroups_of_namespace(ns: &str) -> Vec<String> {
         }
     }
     found
+}
+
+/// `<hierarchy>/<namespace>` in every mounted hierarchy (cgroup v1's several, or v2's one).
+fn namespace_cgroup_roots(ns: &str) -> Vec<PathBuf> {
+    let base = Path::new("/sys/fs/cgroup");
+    let mut roots: Vec<_> = std::fs::read_dir(base)
+        .into_iter()
+        .flatten()
+        .filter_map(|h| h.ok().map(|h| h.path().join(ns)))
+        .collect();
+    roots.push(base.join(ns));
+    roots
+}
+
+/// Removes the namespace's own cgroup directories, which runc creates as the parents of its
+/// containers' cgroups and never removes: every test namespace would otherwise leave one in each
+/// hierarchy (ten on cgroup v1), and thousands of empty memory cgroups slow the kernel's
+/// reclaim. Only empty ones go (`rmdir` refuses the rest).
+pub fn remove_namespace_cgroups(ns: &str) {
+    for root in namespace_cgroup_roots(ns) {
+        let _ = std::fs::remove_dir(root);
+    }
 }
