@@ -215,6 +215,13 @@ impl fmt::Debug for Runc {
     }
 }
 
+/// (major, minor) from `runc --version`'s output.
+fn parse_version(output: &str) -> Option<(u32, u32)> {
+    let v = output.lines().next()?.strip_prefix("runc version ")?;
+    let mut parts = v.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
 impl Runc {
     /// `runc` and `criu` from PATH with the given state root.
     pub fn new(root: impl Into<PathBuf>) -> Self {
@@ -267,6 +274,18 @@ impl Runc {
             status: out.status,
             message,
         })
+    }
+
+    /// runc's version as (major, minor), from `runc --version`'s first line
+    /// (`runc version 1.1.5+ds1`); `None` when it cannot be run or read.
+    pub fn version(&self) -> Option<(u32, u32)> {
+        let mut c = Command::new(&self.binary);
+        c.arg("--version")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let out = self.spawner.output(c).ok()?;
+        parse_version(&String::from_utf8_lossy(&out.stdout))
     }
 
     /// `runc state ID`.
@@ -421,5 +440,20 @@ impl Runc {
             status: out.status,
             message,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_version;
+
+    #[test]
+    fn reads_runcs_version_line() {
+        let debian = "runc version 1.1.5+ds1\ncommit: 1.1.5+ds1-1+deb12u1\nspec: 1.0.2-dev\n";
+        assert_eq!(parse_version(debian), Some((1, 1)));
+        assert_eq!(parse_version("runc version 1.2.0-rc.1\n"), Some((1, 2)));
+        assert_eq!(parse_version("runc version 1.10.3"), Some((1, 10)));
+        assert_eq!(parse_version("crun version 1.8"), None);
+        assert_eq!(parse_version(""), None);
     }
 }

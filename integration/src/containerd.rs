@@ -2,6 +2,7 @@
 //! under test first on its PATH. Dropping it kills what it ran and removes what it left.
 
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -86,6 +87,9 @@ pub struct Containerd {
     pub store: PathBuf,
     /// The Belayer config its shims read (`$BELAYER_CONFIG`), if not the machine's.
     pub belayer_config: Option<PathBuf>,
+    /// containerd (and so its shims, runc and CRIU) runs in a mount namespace of its own whose
+    /// `/sys/fs/cgroup` is the cgroup2 hierarchy: see [`Containerd::start_unified`].
+    pub unified: bool,
     bin_dir: PathBuf,
     child: Option<Child>,
 }
@@ -112,7 +116,7 @@ impl Containerd {
         store: Option<PathBuf>,
         belayer_config: Option<PathBuf>,
     ) -> Self {
-        Self::start_inner(flavor, store, belayer_config, None)
+        Self::start_inner(flavor, store, belayer_config, None, false)
     }
 
     /// A containerd 2.x with its CRI plugin, Belayer registered as runtime handler `belayer` by
@@ -125,9 +129,26 @@ impl Containerd {
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/containerd/config-2.x.toml");
         let entries =
             std::fs::read_to_string(&shipped).expect("read the shipped containerd config");
-        let c = Self::start_inner(Flavor::V2, None, None, Some(entries));
+        let c = Self::start_inner(Flavor::V2, None, None, Some(entries), false);
         c.import(&prereq::image("pause.tar"));
         c
+    }
+
+    /// A containerd 2.x that sees a cgroup v2 (unified) host whatever the host boots: it runs in
+    /// a mount namespace of its own with the kernel's cgroup2 hierarchy mounted on
+    /// `/sys/fs/cgroup`, so its shims, runc and CRIU take their v2 paths. On a host that boots
+    /// cgroup v1 every controller stays bound to its v1 hierarchy and the v2 one has none
+    /// (containers must then come without resource settings); on a v2 host it is the host's own
+    /// hierarchy, controllers and all. Its mounts are in that namespace:
+    /// [`Containerd::mounts_under_dir`] reads them, and [`Containerd::cgroup_v2_dir`] finds a
+    /// cgroup in the hierarchy it sees.
+    #[track_caller]
+    pub fn start_unified() -> Self {
+        let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+        if !filesystems.lines().any(|l| l.ends_with("\tcgroup2")) {
+            prereq::missing("cgroup2 in /proc/filesystems", "a kernel with cgroup v2");
+        }
+        Self::start_inner(Flavor::V2, None, None, None, true)
     }
 
     #[track_caller]
@@ -136,6 +157,7 @@ impl Containerd {
         store: Option<PathBuf>,
         belayer_config: Option<PathBuf>,
         cri_entries: Option<String>,
+        unified: bool,
     ) -> Self {
         let bin_dir = prereq::bin_dir();
         prereq::require_bin("runc");
@@ -198,6 +220,7 @@ impl Containerd {
             },
             store: store.unwrap_or_else(|| dir.join("store")),
             belayer_config,
+            unified,
             dir,
             sock,
             bin_dir,
@@ -234,6 +257,42 @@ impl Containerd {
         // never removes) stay in the test's directory, where a test can look for them.
         let tmp = self.tmp_dir();
         std::fs::create_dir_all(&tmp).expect("create containerd's TMPDIR");
+        if self.unified {
+            // SAFETY: between fork and exec the child makes only raw syscalls (unshare, mount)
+            // on static strings, all async-signal-safe, and touches nothing of the parent's.
+            unsafe {
+                cmd.pre_exec(|| {
+                    let fail = || Err(std::io::Error::last_os_error());
+                    if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                        return fail();
+                    }
+                    // Nothing mounted in here reaches the host's namespace.
+                    let flags = libc::MS_REC | libc::MS_PRIVATE;
+                    if libc::mount(
+                        c"none".as_ptr(),
+                        c"/".as_ptr(),
+                        std::ptr::null(),
+                        flags,
+                        std::ptr::null(),
+                    ) != 0
+                    {
+                        return fail();
+                    }
+                    let cgroup2 = c"cgroup2".as_ptr();
+                    if libc::mount(
+                        cgroup2,
+                        c"/sys/fs/cgroup".as_ptr(),
+                        cgroup2,
+                        0,
+                        std::ptr::null(),
+                    ) != 0
+                    {
+                        return fail();
+                    }
+                    Ok(())
+                });
+            }
+        }
         let child = cmd
             .arg("--config")
             .arg(self.dir.join("config.toml"))
@@ -260,6 +319,24 @@ impl Containerd {
     /// containerd's `$TMPDIR` (its shims inherit it).
     pub fn tmp_dir(&self) -> PathBuf {
         self.dir.join("tmp")
+    }
+
+    /// Mount points at or below the test dir in containerd's mount namespace (the host's,
+    /// unless [`Containerd::unified`]).
+    pub fn mounts_under_dir(&self) -> Vec<String> {
+        crate::leaks::mounts_under_in(&format!("/proc/{}/mountinfo", self.pid()), &self.dir)
+    }
+
+    /// The directory of `pid`'s cgroup in the cgroup2 hierarchy as containerd sees it (through
+    /// `/proc/<containerd>/root`, which resolves in its mount namespace), from the `0::` line of
+    /// `/proc/<pid>/cgroup`.
+    pub fn cgroup_v2_dir(&self, pid: u32) -> Option<PathBuf> {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+        Some(
+            PathBuf::from(format!("/proc/{}/root/sys/fs/cgroup", self.pid()))
+                .join(path.trim_start_matches('/')),
+        )
     }
 
     /// containerd's pid.

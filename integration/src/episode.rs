@@ -154,6 +154,16 @@ impl<'a> Sandbox<'a> {
         id: &str,
         annotations: &[&str],
     ) -> Self {
+        let flags: Vec<&str> = annotations
+            .iter()
+            .flat_map(|a| ["--annotation", a])
+            .collect();
+        Self::start_with(c, runtime, id, &flags)
+    }
+
+    /// [`Sandbox::start`] with more `ctr run` flags.
+    #[track_caller]
+    pub fn start_with(c: &'a Containerd, runtime: &str, id: &str, flags: &[&str]) -> Self {
         if !c
             .ctr(&["images", "ls", "-q"])
             .stdout
@@ -163,9 +173,7 @@ impl<'a> Sandbox<'a> {
             c.import(&prereq::image("sandbox.tar"));
         }
         let mut args = vec!["run", "-d", "--runtime", runtime];
-        for a in annotations {
-            args.extend(["--annotation", a]);
-        }
+        args.extend(flags);
         args.extend([SANDBOX, id, "sleep", "infinity"]);
         c.ctr(&args).ok();
         Self {

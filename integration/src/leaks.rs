@@ -4,8 +4,14 @@ use std::path::{Path, PathBuf};
 
 /// Mount points at or below `dir`.
 pub fn mounts_under(dir: &Path) -> Vec<String> {
+    mounts_under_in("/proc/self/mountinfo", dir)
+}
+
+/// Mount points at or below `dir` in the mount namespace whose `mountinfo` is at `mountinfo`
+/// (`/proc/<pid>/mountinfo`).
+pub fn mounts_under_in(mountinfo: &str, dir: &Path) -> Vec<String> {
     let prefix = dir.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
+    std::fs::read_to_string(mountinfo)
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))

@@ -10,66 +10,6 @@ use belayer_integration::episode::{self, Sandbox, is_contiguous};
 use belayer_integration::{Containerd, Flavor, signal};
 use common::*;
 
-/// Lines in `a` not in `b`, for readable failures.
-fn diff(a: &[String], b: &[String]) -> Vec<String> {
-    let bs: std::collections::HashSet<&String> = b.iter().collect();
-    a.iter()
-        .filter(|l| !bs.contains(l))
-        .take(20)
-        .cloned()
-        .collect()
-}
-
-#[track_caller]
-fn assert_same_tree(label: &str, expected: &[String], got: &[String]) {
-    assert!(
-        expected == got,
-        "{label}: filesystem differs from the checkpoint instant\n  missing or changed: {:#?}\n  unexpected: {:#?}",
-        diff(expected, got),
-        diff(got, expected)
-    );
-}
-
-#[track_caller]
-fn checkpoint(c: &Containerd, id: &str) -> String {
-    let out = c.belayer(&["checkpoint", id]);
-    assert_eq!(out.code, 0, "checkpoint {id}: {out:?}");
-    out.stdout.trim().to_string()
-}
-
-#[track_caller]
-fn restore(c: &Containerd, id: &str, cp: Option<&str>) {
-    let mut args = vec!["restore", id];
-    if let Some(cp) = cp {
-        args.extend(["--checkpoint", cp]);
-    }
-    let out = c.belayer(&args);
-    assert_eq!(out.code, 0, "restore {id} {cp:?}: {out:?}");
-    assert_eq!(task_status(c, id), "RUNNING");
-}
-
-/// The processes of a restored episode: memory intact, counter consistent with the files.
-#[track_caller]
-fn assert_processes_intact(s: &Sandbox) {
-    let (now, at_start) = s.holder_digests();
-    assert!(
-        !now.is_empty() && now == at_start,
-        "background process memory changed: {now:?} vs {at_start:?}"
-    );
-    let first = s.counter();
-    assert!(
-        is_contiguous(&first),
-        "counter file is not exactly 1..N after restore (memory and filesystem disagree): {:?}…",
-        &first[first.len().saturating_sub(5)..]
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let later = s.counter();
-    assert!(
-        later.len() > first.len() && is_contiguous(&later),
-        "the counter process does not continue"
-    );
-}
-
 #[test]
 fn episode_restores_whole_in_place() {
     let c = Containerd::start(Flavor::V2);
@@ -96,10 +36,7 @@ fn episode_restores_whole_in_place() {
     assert_ne!(s.tree(), at_checkpoint, "the later changes changed nothing");
 
     // Dead: the sandbox crashed.
-    c.ctr(&["tasks", "kill", "-s", "9", "episode"]).ok();
-    assert!(wait_until(Duration::from_secs(10), || task_status(
-        &c, "episode"
-    ) == "STOPPED"));
+    crash(&c, "episode");
     restore(&c, "episode", None);
     assert_same_tree("restore of a dead container", &at_checkpoint, &s.tree());
     assert_processes_intact(&s);
@@ -148,10 +85,7 @@ fn episode_restores_whole_in_place() {
     // the 300 MB holder's memory is still whole.
     restore(&c, "episode", Some(&cp));
     let again = checkpoint(&c, "episode");
-    c.ctr(&["tasks", "kill", "-s", "9", "episode"]).ok();
-    assert!(wait_until(Duration::from_secs(10), || task_status(
-        &c, "episode"
-    ) == "STOPPED"));
+    crash(&c, "episode");
     restore(&c, "episode", Some(&again));
     assert_same_tree(
         "restore of a checkpoint taken during a lazy fill",
@@ -390,10 +324,10 @@ fn a_checkpoint_waits_for_a_lazy_fill_without_holding_the_container() {
         for n in 0..3 {
             let out = s.exec(&format!("echo {n} > /tmp/during-fill"), None);
             assert_eq!(out.code, 0, "exec while the checkpoint waits: {out:?}");
-            assert!(
-                !taking.is_finished(),
-                "the checkpoint did not wait for the fill"
-            );
+            if taking.is_finished() {
+                let out = taking.join().expect("checkpoint thread");
+                panic!("the checkpoint did not wait for the fill (daemon {daemon}): {out:?}");
+            }
             assert_eq!(task_row(&c, "filling"), before);
         }
         drop(resume);

@@ -65,12 +65,6 @@ fn rand() -> u64 {
         .unwrap_or(0)
 }
 
-fn checkpoint(c: &Containerd, id: &str) -> String {
-    let out = c.belayer(&["checkpoint", id]);
-    assert_eq!(out.code, 0, "{out:?}");
-    out.stdout.trim().to_string()
-}
-
 fn cp_dir(c: &Containerd, id: &str, cp: &str) -> PathBuf {
     c.store.join("checkpoints").join(&c.ns).join(id).join(cp)
 }

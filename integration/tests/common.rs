@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use belayer_integration::episode::{Sandbox, is_contiguous};
 use belayer_integration::{Containerd, Out};
 
 pub const BELAYER: &str = "io.containerd.belayer.v1";
@@ -104,6 +105,16 @@ pub fn run_detached(c: &Containerd, runtime: &str, id: &str, args: &[&str]) {
     c.ctr(&a).ok();
 }
 
+/// Kills task `id` (SIGKILL: a crash) and waits until containerd sees it stopped.
+#[track_caller]
+pub fn crash(c: &Containerd, id: &str) {
+    c.ctr(&["tasks", "kill", "-s", "9", id]).ok();
+    assert!(
+        wait_until(Duration::from_secs(10), || task_status(c, id) == "STOPPED"),
+        "{id} did not stop"
+    );
+}
+
 /// Kills and removes a task and its container, asserting each step works.
 #[track_caller]
 pub fn remove(c: &Containerd, id: &str) {
@@ -160,5 +171,65 @@ pub fn release_vfork(s: &belayer_integration::episode::Sandbox) {
         wait_until(Duration::from_secs(10), || python_in_vfork(s).is_empty()),
         "python3 still in vfork after its child got the FIFO: {}",
         python_in_vfork(s)
+    );
+}
+
+/// Lines in `a` not in `b`, for readable failures.
+pub fn diff(a: &[String], b: &[String]) -> Vec<String> {
+    let bs: std::collections::HashSet<&String> = b.iter().collect();
+    a.iter()
+        .filter(|l| !bs.contains(l))
+        .take(20)
+        .cloned()
+        .collect()
+}
+
+#[track_caller]
+pub fn assert_same_tree(label: &str, expected: &[String], got: &[String]) {
+    assert!(
+        expected == got,
+        "{label}: filesystem differs from the checkpoint instant\n  missing or changed: {:#?}\n  unexpected: {:#?}",
+        diff(expected, got),
+        diff(got, expected)
+    );
+}
+
+#[track_caller]
+pub fn checkpoint(c: &Containerd, id: &str) -> String {
+    let out = c.belayer(&["checkpoint", id]);
+    assert_eq!(out.code, 0, "checkpoint {id}: {out:?}");
+    out.stdout.trim().to_string()
+}
+
+#[track_caller]
+pub fn restore(c: &Containerd, id: &str, cp: Option<&str>) {
+    let mut args = vec!["restore", id];
+    if let Some(cp) = cp {
+        args.extend(["--checkpoint", cp]);
+    }
+    let out = c.belayer(&args);
+    assert_eq!(out.code, 0, "restore {id} {cp:?}: {out:?}");
+    assert_eq!(task_status(c, id), "RUNNING");
+}
+
+/// The processes of a restored episode: memory intact, counter consistent with the files.
+#[track_caller]
+pub fn assert_processes_intact(s: &Sandbox) {
+    let (now, at_start) = s.holder_digests();
+    assert!(
+        !now.is_empty() && now == at_start,
+        "background process memory changed: {now:?} vs {at_start:?}"
+    );
+    let first = s.counter();
+    assert!(
+        is_contiguous(&first),
+        "counter file is not exactly 1..N after restore (memory and filesystem disagree): {:?}…",
+        &first[first.len().saturating_sub(5)..]
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let later = s.counter();
+    assert!(
+        later.len() > first.len() && is_contiguous(&later),
+        "the counter process does not continue"
     );
 }

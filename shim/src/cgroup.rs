@@ -83,8 +83,92 @@ fn v1_dir(pid: u32, subsystem: &str, mounts: &[Mount]) -> Option<PathBuf> {
     Some(m.point.join(rel))
 }
 
-fn is_unified() -> bool {
+/// Whether the host is cgroup v2 (unified): `/sys/fs/cgroup` is the cgroup2 hierarchy.
+pub fn is_unified() -> bool {
     Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// The cgroup runc (as root) puts a container in on a cgroup v2 host, as a path in the
+/// hierarchy (`/default/ID`), from the spec's `linux.cgroupsPath` (`None` when it has none), the
+/// container id, whether runc runs with `--systemd-cgroup`, and the cgroup of the process that
+/// runs runc (`/proc/self/cgroup`'s `0::` path), which a relative path is taken from. The rules
+/// are runc's (`specconv.CreateCgroupConfig`, `fs2` and `systemd` managers). `None` for a path
+/// runc would refuse.
+pub fn runc_v2_path(
+    cgroups_path: Option<&str>,
+    id: &str,
+    systemd: bool,
+    own: &str,
+) -> Option<String> {
+    let given = cgroups_path.filter(|p| !p.is_empty());
+    if systemd {
+        let (slice, prefix, name) = match given {
+            None => ("", "runc", id),
+            Some(p) => {
+                let parts: Vec<&str> = p.split(':').collect();
+                let [slice, prefix, name] = parts[..] else {
+                    return None;
+                };
+                (slice, prefix, name)
+            }
+        };
+        let slice = expand_slice(if slice.is_empty() {
+            "system.slice"
+        } else {
+            slice
+        })?;
+        let unit = if name.ends_with(".slice") {
+            name.to_string()
+        } else {
+            format!("{prefix}-{name}.scope")
+        };
+        return Some(clean(&format!("{slice}/{unit}")));
+    }
+    let inner = clean(given.unwrap_or(id));
+    if given.is_some_and(|p| p.starts_with('/')) {
+        return Some(inner);
+    }
+    // A relative path goes below the parent of runc's own cgroup: its own one has tasks in it.
+    let own = clean(own);
+    let parent = Path::new(&own)
+        .parent()
+        .map_or("/".into(), |p| p.display().to_string());
+    Some(clean(&format!("{parent}/{inner}")))
+}
+
+/// systemd's slice name → its path: `a-b.slice` → `/a.slice/a-b.slice` (runc's `ExpandSlice`).
+fn expand_slice(slice: &str) -> Option<String> {
+    let name = slice.strip_suffix(".slice")?;
+    if name.is_empty() || slice.contains('/') {
+        return None;
+    }
+    if name == "-" {
+        return Some("/".into());
+    }
+    let (mut path, mut prefix) = (String::new(), String::new());
+    for component in name.split('-') {
+        if component.is_empty() {
+            return None;
+        }
+        path.push_str(&format!("/{prefix}{component}.slice"));
+        prefix.push_str(&format!("{component}-"));
+    }
+    Some(path)
+}
+
+/// A path made absolute and lexically clean, `..` stopping at the root (runc's `CleanPath`).
+fn clean(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 /// Metrics of the cgroup `pid` lives in, packed for containerd.
@@ -288,4 +372,66 @@ fn collect_v2(pid: u32) -> Result<v2::Metrics> {
         ..Default::default()
     });
     Ok(m)
+}
+
+#[cfg(test)]
+mod runc_path_tests {
+    use super::runc_v2_path as path;
+
+    #[test]
+    fn cgroupfs_paths_are_runcs() {
+        assert_eq!(
+            path(Some("/default/c1"), "c1", false, "/").unwrap(),
+            "/default/c1"
+        );
+        assert_eq!(
+            path(Some("/a/../b//c1/"), "c1", false, "/").unwrap(),
+            "/b/c1"
+        );
+        // Relative, or none: below the parent of runc's own cgroup.
+        assert_eq!(
+            path(None, "c1", false, "/user.slice/s.scope").unwrap(),
+            "/user.slice/c1"
+        );
+        assert_eq!(path(Some("x/c1"), "c1", false, "/").unwrap(), "/x/c1");
+        assert_eq!(path(Some(""), "c1", false, "/a/b").unwrap(), "/a/c1");
+    }
+
+    #[test]
+    fn systemd_paths_are_runcs() {
+        assert_eq!(
+            path(Some("system.slice:docker:0123"), "x", true, "/").unwrap(),
+            "/system.slice/docker-0123.scope"
+        );
+        assert_eq!(
+            path(
+                Some("kubepods-besteffort-pod1.slice:cri-containerd:ab"),
+                "x",
+                true,
+                "/"
+            )
+            .unwrap(),
+            "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-ab.scope"
+        );
+        assert_eq!(
+            path(Some(":p:n"), "x", true, "/").unwrap(),
+            "/system.slice/p-n.scope"
+        );
+        assert_eq!(
+            path(Some("-.slice:p:my.slice"), "x", true, "/").unwrap(),
+            "/my.slice"
+        );
+        assert_eq!(
+            path(None, "c1", true, "/").unwrap(),
+            "/system.slice/runc-c1.scope"
+        );
+        for bad in [
+            "a--b.slice:p:n",
+            "noslice:p:n",
+            "a/b.slice:p:n",
+            "two:parts",
+        ] {
+            assert_eq!(path(Some(bad), "x", true, "/"), None, "{bad}");
+        }
+    }
 }

@@ -36,16 +36,62 @@ pub fn network_lock(setting: &str, runc: &criu_bridge::runc::Runc) -> Option<&'s
     }
 }
 
-/// The file's text: the operator's runc.conf, then `network-lock LOCK` unless it sets a lock of
-/// its own. `None` when there is nothing to add, so runc's default file serves unchanged.
-pub fn render(operator: Option<&str>, lock: Option<&str>) -> Option<String> {
-    let lock = lock?;
+/// The cgroup v2 root CRIU must restore container `id` into, when runc does not name it. Before
+/// 1.2 (runc commit 3438ef30), runc hands CRIU no cgroup roots on a cgroup v2 host, and CRIU puts
+/// the restored processes back in the cgroup they were dumped from: a fork would run in its
+/// source container's cgroup, under that container's limits, and die with it. `None` on a v1
+/// host, with a runc that names the root itself, and for a path runc would refuse. `systemd`:
+/// runc runs with `--systemd-cgroup`.
+pub fn cgroup_v2_root(
+    spec: &Spec,
+    id: &str,
+    systemd: bool,
+    runc: &criu_bridge::runc::Runc,
+) -> Option<String> {
+    static RUNC_NAMES_ROOT: OnceLock<bool> = OnceLock::new();
+    if !crate::cgroup::is_unified()
+        || *RUNC_NAMES_ROOT.get_or_init(|| runc.version().is_none_or(|v| v >= (1, 2)))
+    {
+        return None;
+    }
+    // runc runs as the shim's child, in the shim's cgroup.
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let own = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let root = crate::cgroup::runc_v2_path(spec.cgroups_path(), id, systemd, own)?;
+    log::info!("container {id}: CRIU restores it into cgroup v2 {root} (runc < 1.2 names none)");
+    Some(root)
+}
+
+/// The file's text: the operator's runc.conf, then `network-lock LOCK` and the cgroup v2 root of
+/// [`cgroup_v2_root`], each unless the operator sets that option. `None` when there is nothing to
+/// add, so runc's default file serves unchanged.
+pub fn render(
+    operator: Option<&str>,
+    lock: Option<&str>,
+    cgroup_root: Option<&str>,
+) -> Option<String> {
     let operator = operator.unwrap_or("");
-    let sets_lock = operator.lines().any(|l| {
-        let word = l.split_whitespace().next().unwrap_or("");
-        word.trim_start_matches('-') == "network-lock"
-    });
-    if sets_lock {
+    let sets = |key: &str| {
+        operator.lines().any(|l| {
+            let word = l.split_whitespace().next().unwrap_or("");
+            word.trim_start_matches('-') == key
+        })
+    };
+    let mut ours = String::new();
+    if let Some(lock) = lock.filter(|_| !sets("network-lock")) {
+        ours.push_str("# Belayer (network_lock in /etc/belayer/config.toml)\n");
+        ours.push_str(&format!("network-lock {lock}\n"));
+    }
+    // CRIU's config file splits on whitespace; runc's cgroup paths have none.
+    let root = cgroup_root.filter(|r| !sets("cgroup-root") && !r.contains(char::is_whitespace));
+    if let Some(root) = root {
+        ours.push_str(
+            "# Belayer: the container's own cgroup v2 cgroup (runc < 1.2 does not name it)\n",
+        );
+        // `:` with no controller before it: cgroup2's (CRIU's --cgroup-root [ctrl]:/path).
+        ours.push_str(&format!("cgroup-root :{root}\n"));
+    }
+    if ours.is_empty() {
         return None;
     }
     let mut text = String::new();
@@ -55,30 +101,38 @@ pub fn render(operator: Option<&str>, lock: Option<&str>) -> Option<String> {
             text.push('\n');
         }
     }
-    text.push_str("# Belayer (network_lock in /etc/belayer/config.toml)\n");
-    text.push_str(&format!("network-lock {lock}\n"));
+    text.push_str(&ours);
     Some(text)
 }
 
-/// Points `spec` (of `bundle`) at a CRIU configuration file with the network lock of `setting`,
-/// before runc creates or restores the container. Blocks: call it off the async runtime.
+/// Points `spec` (of `bundle`, container `id`) at a CRIU configuration file with the network
+/// lock of `setting` and, where runc needs it, the container's cgroup v2 root, before runc
+/// creates or restores the container. Blocks: call it off the async runtime.
 pub fn apply(
     bundle: &Path,
     spec: &mut Spec,
+    id: &str,
+    systemd: bool,
     setting: &str,
     runc: &criu_bridge::runc::Runc,
 ) -> Result<()> {
-    apply_with(bundle, spec, Path::new(RUNC_CONF), || {
-        network_lock(setting, runc)
-    })
+    apply_with(
+        bundle,
+        spec,
+        Path::new(RUNC_CONF),
+        || network_lock(setting, runc),
+        |spec| cgroup_v2_root(spec, id, systemd, runc),
+    )
 }
 
-/// [`apply`] with the operator's file at `runc_conf`; `lock` is asked only when needed.
+/// [`apply`] with the operator's file at `runc_conf`; `lock` and `cgroup_root` are asked only
+/// when needed.
 fn apply_with(
     bundle: &Path,
     spec: &mut Spec,
     runc_conf: &Path,
     lock: impl FnOnce() -> Option<&'static str>,
+    cgroup_root: impl FnOnce(&Spec) -> Option<String>,
 ) -> Result<()> {
     if spec.annotation(ANNOTATION).is_some() {
         return Ok(());
@@ -93,7 +147,8 @@ fn apply_with(
             )));
         }
     };
-    let Some(text) = render(operator.as_deref(), lock()) else {
+    let root = cgroup_root(spec);
+    let Some(text) = render(operator.as_deref(), lock(), root.as_deref()) else {
         return Ok(());
     };
     let conf = bundle.join(FILE);
@@ -108,23 +163,37 @@ mod tests {
     #[test]
     fn adds_the_lock_after_the_operators_settings() {
         assert_eq!(
-            render(None, Some("nftables")).unwrap(),
+            render(None, Some("nftables"), None).unwrap(),
             "# Belayer (network_lock in /etc/belayer/config.toml)\nnetwork-lock nftables\n"
         );
-        let text = render(Some("tcp-close"), Some("nftables")).unwrap();
+        let text = render(Some("tcp-close"), Some("nftables"), None).unwrap();
         assert!(text.starts_with("tcp-close\n# Belayer"), "{text}");
         assert!(text.ends_with("network-lock nftables\n"), "{text}");
     }
 
     #[test]
     fn an_operators_own_lock_wins_and_no_lock_means_no_file() {
-        assert_eq!(render(Some("network-lock skip\n"), Some("nftables")), None);
         assert_eq!(
-            render(Some("--network-lock iptables"), Some("nftables")),
+            render(Some("network-lock skip\n"), Some("nftables"), None),
             None
         );
-        assert_eq!(render(Some("tcp-close\n"), None), None);
-        assert_eq!(render(None, None), None);
+        assert_eq!(
+            render(Some("--network-lock iptables"), Some("nftables"), None),
+            None
+        );
+        assert_eq!(render(Some("tcp-close\n"), None, None), None);
+        assert_eq!(render(None, None, None), None);
+    }
+
+    #[test]
+    fn names_the_cgroup2_root_unless_the_operator_does() {
+        let text = render(None, None, Some("/default/fork-1")).unwrap();
+        assert!(text.ends_with("\ncgroup-root :/default/fork-1\n"), "{text}");
+        let text = render(None, Some("nftables"), Some("/a")).unwrap();
+        assert!(text.contains("network-lock nftables\n#"), "{text}");
+        assert!(text.ends_with("cgroup-root :/a\n"), "{text}");
+        assert_eq!(render(Some("cgroup-root /mine\n"), None, Some("/a")), None);
+        assert_eq!(render(None, None, Some("/with space")), None);
     }
 
     #[test]
@@ -143,7 +212,7 @@ mod tests {
         std::fs::write(&operator, "tcp-close\n").unwrap();
         std::fs::write(dir.join("config.json"), r#"{"ociVersion":"1.0.2"}"#).unwrap();
         let mut spec = Spec::load(&dir).unwrap();
-        apply_with(&dir, &mut spec, &operator, || Some("skip")).unwrap();
+        apply_with(&dir, &mut spec, &operator, || Some("skip"), |_| None).unwrap();
         let spec: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
         let conf = spec["annotations"][ANNOTATION]
@@ -159,9 +228,13 @@ mod tests {
         let own = r#"{"annotations":{"org.criu.config":"/etc/mine.conf"}}"#;
         std::fs::write(dir.join("config.json"), own).unwrap();
         let mut spec = Spec::load(&dir).unwrap();
-        apply_with(&dir, &mut spec, &operator, || {
-            panic!("not asked: the spec chose")
-        })
+        apply_with(
+            &dir,
+            &mut spec,
+            &operator,
+            || panic!("not asked: the spec chose"),
+            |_| panic!("not asked: the spec chose"),
+        )
         .unwrap();
         assert_eq!(
             std::fs::read_to_string(dir.join("config.json")).unwrap(),

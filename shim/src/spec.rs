@@ -48,15 +48,18 @@ impl Spec {
         self.value["process"]["terminal"].as_bool().unwrap_or(false)
     }
 
+    /// `linux.cgroupsPath`, if the spec sets one.
+    pub fn cgroups_path(&self) -> Option<&str> {
+        self.value["linux"]["cgroupsPath"].as_str()
+    }
+
     /// Whether `linux.cgroupsPath` is in systemd's `slice:prefix:name` form, which runc reads
     /// only with `--systemd-cgroup` (without it the path names a cgroupfs directory, colons and
     /// all, outside the slice). docker's systemd driver (`system.slice:docker:ID`) and CRI for a
     /// pod in a systemd slice (`…pod….slice:cri-containerd:ID`) write it this way, and neither
     /// can hand a runtime other than runc its `SystemdCgroup` option.
     pub fn systemd_cgroups_path(&self) -> bool {
-        self.value["linux"]["cgroupsPath"]
-            .as_str()
-            .is_some_and(is_systemd_cgroups_path)
+        self.cgroups_path().is_some_and(is_systemd_cgroups_path)
     }
 
     /// The rootfs path the spec names (relative to `bundle` unless absolute).

@@ -212,10 +212,14 @@ impl Inner {
             self.settings.network_lock.clone(),
             self.bridge_runc(),
         );
-        let spec = tokio::task::spawn_blocking(move || {
+        // Checked before the import below takes containerd's unpacked checkpoint.
+        let systemd_option = systemd_cgroup_option(req.options.as_ref())?;
+        let id = req.id.clone();
+        let (spec, systemd_cgroup) = tokio::task::spawn_blocking(move || {
             let mut spec = crate::spec::Spec::load(&conf_bundle)?;
-            crate::criu_conf::apply(&conf_bundle, &mut spec, &lock, &runc)?;
-            Ok::<_, Error>(spec)
+            let systemd = systemd_option || spec.systemd_cgroups_path();
+            crate::criu_conf::apply(&conf_bundle, &mut spec, &id, systemd, &lock, &runc)?;
+            Ok::<_, Error>((spec, systemd))
         })
         .await
         .map_err(|e| Error::FailedPrecondition(format!("CRIU configuration: {e}")))??;
@@ -227,9 +231,6 @@ impl Inner {
             stderr: req.stderr.clone(),
             terminal: req.terminal || spec.terminal(),
         };
-        // Checked before the import below takes containerd's unpacked checkpoint.
-        let systemd_cgroup =
-            systemd_cgroup_option(req.options.as_ref())? || spec.systemd_cgroups_path();
         let restore = match req.checkpoint.as_str() {
             "" => restore_options(&spec)?,
             path => Some(self.import_checkpoint(path).await?),
