@@ -150,6 +150,7 @@ fn chain_of_three_and_four_forks() {
     assert_eq!(forks.len(), 4, "{out:?}");
     for f in &forks {
         assert_eq!(task_status(&c, f), "RUNNING", "fork {f}");
+        assert_in_own_cgroup(&c, f);
         let fork = Sandbox::attach(&c, f);
         assert_same_tree(&format!("fork {f}"), tree, &fork.tree());
         assert_processes_intact(&fork);

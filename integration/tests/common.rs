@@ -105,6 +105,21 @@ pub fn run_detached(c: &Containerd, runtime: &str, id: &str, args: &[&str]) {
     c.ctr(&a).ok();
 }
 
+/// Asserts that task `id`'s init is in containerd's cgroup for it, `/<namespace>/<id>`, in every
+/// hierarchy it is in (cgroup v1's several, v2's one): not in the cgroup of the container it was
+/// restored from.
+#[track_caller]
+pub fn assert_in_own_cgroup(c: &Containerd, id: &str) {
+    let pid = task_pid(c, id);
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let own = format!("/{}/{id}", c.ns);
+    let wrong: Vec<&str> = cgroups.lines().filter(|l| !l.ends_with(&own)).collect();
+    assert!(
+        !cgroups.is_empty() && wrong.is_empty(),
+        "{id}'s init ({pid}) is outside {own}: {wrong:?}"
+    );
+}
+
 /// Kills task `id` (SIGKILL: a crash) and waits until containerd sees it stopped.
 #[track_caller]
 pub fn crash(c: &Containerd, id: &str) {
