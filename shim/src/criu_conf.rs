@@ -5,8 +5,12 @@
 //! when a restore starts and four or five times when it ends, together about 60 % of a restore's
 //! time on this kernel — while `nftables` takes the same lock through libnftables inside CRIU.
 //!
-//! An operator's `/etc/criu/runc.conf` is copied into the file, and a `network-lock` it sets
-//! wins. A spec that names its own `org.criu.config` is left alone.
+//! On a cgroup v2 host whose runc is older than 1.2, the file also names the container's own
+//! cgroup as CRIU's cgroup2 root ([`cgroup_v2_root`]), which such a runc does not.
+//!
+//! An operator's `/etc/criu/runc.conf` is copied into the file, and a `network-lock` or
+//! `cgroup-root` it sets wins. A spec that names its own `org.criu.config` is left alone (and so
+//! gets neither).
 
 use std::path::Path;
 use std::sync::OnceLock;

@@ -25,9 +25,10 @@ pub fn fork_key(n: u32) -> String {
     format!("belayer_fork{n}")
 }
 
-/// Busy CPU time of the whole machine so far, all cores together (`/proc/stat`: user, nice,
-/// system, irq, softirq, steal), in seconds.
-fn busy_cpu_s() -> Option<f64> {
+/// CPU time of the whole machine so far, all cores together, in seconds (`/proc/stat`): busy
+/// (user, nice, system, irq, softirq) and stolen (steal: time the hypervisor ran something else
+/// on a virtual CPU that had work, which is not this machine's CPU to spend).
+fn cpu_s() -> Option<(f64, f64)> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
     let ticks: Vec<u64> = stat
         .lines()
@@ -37,15 +38,13 @@ fn busy_cpu_s() -> Option<f64> {
         .take(8)
         .map(|v| v.parse().ok())
         .collect::<Option<_>>()?;
-    let busy: u64 = ticks
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !matches!(i, 3 | 4)) // idle, iowait
-        .map(|(_, t)| t)
-        .sum();
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal] = ticks[..] else {
+        return None;
+    };
     // SAFETY: sysconf(3) has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| busy as f64 / hz as f64)
+    let secs = |t: u64| t as f64 / hz as f64;
+    (hz > 0).then(|| (secs(user + nice + system + irq + softirq), secs(steal)))
 }
 
 /// Runs `belayer ARGS`, returning its output and wall time.
@@ -174,7 +173,7 @@ fn fork(
     checks: &mut Checks,
 ) {
     let count = n.to_string();
-    let cpu_before = busy_cpu_s();
+    let cpu_before = cpu_s();
     let start = Instant::now();
     let out = c.belayer(&["fork", id, "--checkpoint", cp, "--count", &count]);
     let forks: Vec<String> = out.stdout.lines().map(str::to_string).collect();
@@ -183,7 +182,9 @@ fn fork(
         && forks.len() == n as usize
         && ctrd::wait_status(c, &ids, "RUNNING", Duration::from_secs(120));
     let secs = start.elapsed().as_secs_f64();
-    let cpu = cpu_before.zip(busy_cpu_s()).map(|(a, b)| b - a);
+    let cpu = cpu_before
+        .zip(cpu_s())
+        .map(|((busy0, steal0), (busy1, steal1))| (busy1 - busy0, steal1 - steal0));
     checks.record(
         "belayer",
         run,
@@ -195,13 +196,12 @@ fn fork(
     if running {
         let key = fork_key(n);
         samples.push(&key, secs);
-        if let Some(cpu) = cpu {
-            samples.push(&format!("{key}_cpu"), cpu);
+        if let Some((busy, steal)) = cpu {
+            samples.push(&format!("{key}_cpu"), busy);
+            samples.push(&format!("{key}_steal"), steal);
         }
-        eprintln!(
-            "  belayer fork of {n} {secs:.2}s (busy CPU {:.2}s)",
-            cpu.unwrap_or(f64::NAN)
-        );
+        let (busy, steal) = cpu.unwrap_or((f64::NAN, f64::NAN));
+        eprintln!("  belayer fork of {n} {secs:.2}s (busy CPU {busy:.2}s, stolen {steal:.2}s)");
         for f in &forks {
             let s = Sandbox::attach(c, f);
             let exec = |script: &str| s.exec(script, None);

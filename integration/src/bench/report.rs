@@ -83,7 +83,8 @@ pub const MEASURES: &[(&str, &str)] = &[
 ];
 
 /// How the fork scales with its count: per count, the medians of its wall time and of the
-/// machine's busy CPU time over it, that time against one restore, and the CPU per fork.
+/// machine's busy CPU time over it (steal apart), that time against one restore, and the CPU per
+/// fork.
 pub fn fork_scaling(s: &Samples) -> Vec<Value> {
     let restore = s.median("belayer_restore");
     FORK_COUNTS
@@ -97,6 +98,7 @@ pub fn fork_scaling(s: &Samples) -> Vec<Value> {
                 "wall_s": round3(wall),
                 "x_restore": restore.map(|r| round3(wall / r)),
                 "busy_cpu_s": cpu.map(round3),
+                "steal_s": s.median(&format!("{key}_steal")).map(round3),
                 "cpu_per_fork_s": cpu.map(|c| round3(c / f64::from(n))),
             }))
         })
@@ -234,6 +236,7 @@ pub fn table(s: &Samples, checks: &Checks, podman: &str, runs: u32) -> String {
         t.push_str(&row("× one restore", "x_restore"));
         t.push_str(&row("busy CPU of the machine, all cores (s)", "busy_cpu_s"));
         t.push_str(&row("busy CPU per fork (s)", "cpu_per_fork_s"));
+        t.push_str(&row("stolen by the hypervisor, all cores (s)", "steal_s"));
         if let Some(cores) = fork_cores_needed(s) {
             t.push_str(&format!(
                 "\nAt this CPU time, a fork of {FORKS} fits in 2× one restore only on {cores:.0} or more \
@@ -317,12 +320,15 @@ mod tests {
             s.push(&fork_key(n), wall);
             s.push(&format!("{}_cpu", fork_key(n)), cpu);
         }
+        s.push(&format!("{}_steal", fork_key(8)), 0.1);
         let rows = fork_scaling(&s);
         // The fork of 4 has no samples: no row for it.
         let counts: Vec<u64> = rows.iter().map(|r| r["forks"].as_u64().unwrap()).collect();
         assert_eq!(counts, [1, 2, 8]);
         assert_eq!(rows[2]["x_restore"], 5.0);
         assert_eq!(rows[2]["cpu_per_fork_s"], 0.25);
+        assert_eq!(rows[2]["steal_s"], 0.1);
+        assert!(rows[0]["steal_s"].is_null());
         // 2 s of CPU in 2 × 0.2 s: at least 5 cores.
         assert_eq!(fork_cores_needed(&s), Some(5.0));
         let t = table(&s, &Checks::default(), "", 1);
