@@ -327,16 +327,18 @@ impl Containerd {
         crate::leaks::mounts_under_in(&format!("/proc/{}/mountinfo", self.pid()), &self.dir)
     }
 
-    /// The directory of `pid`'s cgroup in the cgroup2 hierarchy as containerd sees it (through
-    /// `/proc/<containerd>/root`, which resolves in its mount namespace), from the `0::` line of
-    /// `/proc/<pid>/cgroup`.
+    /// The directory of `pid`'s cgroup in the cgroup2 hierarchy as containerd sees it (under
+    /// [`Containerd::cgroup_root`]), from the `0::` line of `/proc/<pid>/cgroup`.
     pub fn cgroup_v2_dir(&self, pid: u32) -> Option<PathBuf> {
         let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
         let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
-        Some(
-            PathBuf::from(format!("/proc/{}/root/sys/fs/cgroup", self.pid()))
-                .join(path.trim_start_matches('/')),
-        )
+        Some(self.cgroup_root().join(path.trim_start_matches('/')))
+    }
+
+    /// containerd's `/sys/fs/cgroup`, reached through `/proc/<containerd>/root` (which resolves
+    /// in its mount namespace): the cgroup2 hierarchy's root when [`Containerd::unified`].
+    pub fn cgroup_root(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root/sys/fs/cgroup", self.pid()))
     }
 
     /// containerd's pid.

@@ -109,8 +109,8 @@ fn namespace_cgroup_roots(ns: &str) -> Vec<PathBuf> {
 
 /// Removes the namespace's own cgroup directories, which runc creates as the parents of its
 /// containers' cgroups and never removes: every test namespace would otherwise leave one in each
-/// hierarchy (ten on cgroup v1), and thousands of empty memory cgroups slow the kernel's
-/// reclaim. Only empty ones go (`rmdir` refuses the rest).
+/// hierarchy (ten on cgroup v1), and empty memory cgroups are not free for the kernel, which
+/// walks them in reclaim. Only empty ones go (`rmdir` refuses the rest).
 pub fn remove_namespace_cgroups(ns: &str) {
     for root in namespace_cgroup_roots(ns) {
         let _ = std::fs::remove_dir(root);

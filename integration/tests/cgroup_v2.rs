@@ -55,7 +55,7 @@ fn freeze(dir: &Path) -> String {
 fn checkpoint_restore_pause_and_forks_on_cgroup_v2() {
     let c = Containerd::start_unified();
     // containerd sees cgroup v2: /sys/fs/cgroup is the unified hierarchy's root for it.
-    let root = PathBuf::from(format!("/proc/{}/root/sys/fs/cgroup", c.pid()));
+    let root = c.cgroup_root();
     assert!(
         root.join("cgroup.controllers").is_file(),
         "containerd's /sys/fs/cgroup is not a cgroup2 hierarchy"

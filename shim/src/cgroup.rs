@@ -83,6 +83,11 @@ fn v1_dir(pid: u32, subsystem: &str, mounts: &[Mount]) -> Option<PathBuf> {
     Some(m.point.join(rel))
 }
 
+/// The cgroup v2 path in a `/proc/PID/cgroup` text: its `0::` line.
+pub fn unified_path(cgroups: &str) -> Option<&str> {
+    cgroups.lines().find_map(|l| l.strip_prefix("0::"))
+}
+
 /// Whether the host is cgroup v2 (unified): `/sys/fs/cgroup` is the cgroup2 hierarchy.
 pub fn is_unified() -> bool {
     Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
@@ -307,11 +312,7 @@ fn collect_v1(pid: u32) -> Result<v1::Metrics> {
 fn v2_dir(pid: u32) -> Result<PathBuf> {
     let cg = fs::read_to_string(format!("/proc/{pid}/cgroup"))
         .map_err(io(format!("read /proc/{pid}/cgroup")))?;
-    let rel = cg
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .unwrap_or("/")
-        .trim_start_matches('/');
+    let rel = unified_path(&cg).unwrap_or("/").trim_start_matches('/');
     Ok(Path::new("/sys/fs/cgroup").join(rel))
 }
 

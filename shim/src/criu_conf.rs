@@ -60,7 +60,7 @@ pub fn cgroup_v2_root(
     }
     // runc runs as the shim's child, in the shim's cgroup.
     let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let own = own.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let own = crate::cgroup::unified_path(&own)?;
     let root = crate::cgroup::runc_v2_path(spec.cgroups_path(), id, systemd, own)?;
     log::info!("container {id}: CRIU restores it into cgroup v2 {root} (runc < 1.2 names none)");
     Some(root)
