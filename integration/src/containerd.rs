@@ -321,6 +321,11 @@ impl Containerd {
         self.dir.join("tmp")
     }
 
+    /// containerd's content store (`blobs/sha256/…`), e.g. for a [`crate::registry::Registry`].
+    pub fn content_dir(&self) -> PathBuf {
+        self.dir.join("root/io.containerd.content.v1.content")
+    }
+
     /// Mount points at or below the test dir in containerd's mount namespace (the host's,
     /// unless [`Containerd::unified`]).
     pub fn mounts_under_dir(&self) -> Vec<String> {

@@ -11,6 +11,7 @@ pub mod docker;
 pub mod episode;
 pub mod leaks;
 pub mod prereq;
+pub mod registry;
 
 pub use containerd::{Containerd, Flavor, Out};
 pub use docker::Docker;

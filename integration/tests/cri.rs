@@ -2,9 +2,10 @@
 //! by the shipped `configs/containerd/config-2.x.toml` (what a RuntimeClass `handler: belayer`
 //! selects), driven through the CRI API as the kubelet drives it. A pod's sandbox and its
 //! container share one Belayer shim; the container checkpoints and restores in namespace
-//! `k8s.io` while CRI keeps seeing it running (and keeps running through CRI's own
-//! CheckpointContainer, which cannot take Belayer's export); removing the pod leaves nothing
-//! behind.
+//! `k8s.io` while CRI keeps seeing it running; Kubernetes' own checkpoint (CRI
+//! `CheckpointContainer`) writes an archive that holds a Belayer full checkpoint, and a container
+//! created from that archive (Kubernetes' restore) runs from it, processes and filesystem;
+//! removing the pod leaves nothing behind.
 //!
 //! There is no kubelet or crictl on these machines (neither is packaged in Debian): the test is
 //! the CRI client. Pods use the host's network (no CNI here).
@@ -14,6 +15,7 @@ mod common;
 use std::time::Duration;
 
 use belayer_integration::episode::{Sandbox, is_contiguous};
+use belayer_integration::registry::Registry;
 use belayer_integration::{Containerd, leaks};
 use common::*;
 use k8s_cri::v1 as cri;
@@ -58,6 +60,43 @@ impl Cri {
             .block_on(call(client))
             .map(|r| r.into_inner())
             .map_err(|s| s.message().to_string())
+    }
+
+    /// CreateContainer and StartContainer in `pod`, as the kubelet does; returns the id.
+    fn run_container(&mut self, pod: &str, name: &str, image: &str, command: &[&str]) -> String {
+        let req = cri::CreateContainerRequest {
+            pod_sandbox_id: pod.into(),
+            config: Some(cri::ContainerConfig {
+                metadata: Some(cri::ContainerMetadata {
+                    name: name.into(),
+                    attempt: 0,
+                }),
+                image: Some(cri::ImageSpec {
+                    image: image.into(),
+                    ..Default::default()
+                }),
+                command: command.iter().map(|a| a.to_string()).collect(),
+                linux: Some(cri::LinuxContainerConfig {
+                    security_context: Some(cri::LinuxContainerSecurityContext {
+                        namespace_options: Some(namespaces()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            sandbox_config: Some(pod_config()),
+        };
+        let id = self
+            .call(|mut c| async move { c.create_container(req).await })
+            .unwrap_or_else(|e| panic!("CreateContainer {name} from {image}: {e}"))
+            .container_id;
+        let req = cri::StartContainerRequest {
+            container_id: id.clone(),
+        };
+        self.call(|mut c| async move { c.start_container(req).await })
+            .unwrap_or_else(|e| panic!("StartContainer {name}: {e}"));
+        id
     }
 
     fn container_state(&mut self, id: &str) -> i32 {
@@ -131,38 +170,25 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
         .expect("RunPodSandbox on handler belayer")
         .pod_sandbox_id;
 
-    let req = cri::CreateContainerRequest {
-        pod_sandbox_id: pod.clone(),
-        config: Some(cri::ContainerConfig {
-            metadata: Some(cri::ContainerMetadata {
-                name: "sandbox".into(),
-                attempt: 0,
-            }),
-            image: Some(cri::ImageSpec {
-                image: "belayer.local/busybox:latest".into(),
-                ..Default::default()
-            }),
-            command: vec!["sh".into(), "-c".into(), COUNTER_LOOP.into()],
-            linux: Some(cri::LinuxContainerConfig {
-                security_context: Some(cri::LinuxContainerSecurityContext {
-                    namespace_options: Some(namespaces()),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        sandbox_config: Some(pod_config()),
-    };
-    let id = cri
-        .call(|mut c| async move { c.create_container(req).await })
-        .expect("CreateContainer")
-        .container_id;
-    let req = cri::StartContainerRequest {
-        container_id: id.clone(),
-    };
-    cri.call(|mut c| async move { c.start_container(req).await })
-        .expect("StartContainer");
+    // The container's image is named after a registry on loopback that serves containerd's own
+    // content store: CRI's restore from a checkpoint archive pulls the checkpoint's base image
+    // by digest (below), and there is no registry on these machines.
+    let registry = Registry::serve(&c.content_dir());
+    let image = format!("{}/busybox:latest", registry.host);
+    c.ctr(&["images", "tag", "belayer.local/busybox:latest", &image])
+        .ok();
+    // As after a pull, the image is known by its digest too: CRI reports that reference as the
+    // container's image (and the checkpoint's base image).
+    let listed = c.ctr(&["images", "ls"]).ok().stdout;
+    let digest = listed
+        .lines()
+        .find(|l| l.starts_with(&image))
+        .and_then(|l| l.split_whitespace().find(|w| w.starts_with("sha256:")))
+        .unwrap_or_else(|| panic!("no digest of {image} in `ctr images ls`:\n{listed}"))
+        .to_string();
+    let by_digest = format!("{}/busybox@{digest}", registry.host);
+    c.ctr(&["images", "tag", &image, &by_digest]).ok();
+    let id = cri.run_container(&pod, "sandbox", &image, &["sh", "-c", COUNTER_LOOP]);
     assert_eq!(
         cri.container_state(&id),
         cri::ContainerState::ContainerRunning as i32
@@ -176,21 +202,6 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
         String::from_utf8_lossy(&cmdline).contains("containerd-shim-belayer-v1"),
         "the pod's shim is not Belayer's: {}",
         String::from_utf8_lossy(&cmdline)
-    );
-
-    // Kubernetes' own checkpoint (the kubelet's checkpoint API → CRI CheckpointContainer) does
-    // not take Belayer's export yet: CRI unpacks the checkpoint blob as a flat directory of CRIU
-    // images, and the export is a tree. Whatever it answers, the container keeps running.
-    let req = cri::CheckpointContainerRequest {
-        container_id: id.clone(),
-        location: format!("{}/cri-checkpoint.tar", c.dir.display()),
-        timeout: 0,
-    };
-    let answer = cri.call(|mut c| async move { c.checkpoint_container(req).await });
-    assert_eq!(
-        cri.container_state(&id),
-        cri::ContainerState::ContainerRunning as i32,
-        "not running after CRI's CheckpointContainer ({answer:?})"
     );
 
     let s = Sandbox::attach(&c, &id);
@@ -221,6 +232,82 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
         &counter[counter.len().saturating_sub(8)..]
     );
 
+    // Kubernetes' own checkpoint (the kubelet's checkpoint API → CRI CheckpointContainer): an
+    // archive holding a Belayer full checkpoint, the container still running.
+    assert_eq!(s.exec("echo by-cri > /by-cri", None).code, 0);
+    let archive = c.dir.join("cri-checkpoint.tar");
+    let req = cri::CheckpointContainerRequest {
+        container_id: id.clone(),
+        location: archive.display().to_string(),
+        timeout: 0,
+    };
+    cri.call(|mut c| async move { c.checkpoint_container(req).await })
+        .expect("CRI CheckpointContainer");
+    assert_eq!(
+        cri.container_state(&id),
+        cri::ContainerState::ContainerRunning as i32,
+        "not running after CRI's CheckpointContainer"
+    );
+    let listing = std::process::Command::new("tar")
+        .arg("--list")
+        .arg("--file")
+        .arg(&archive)
+        .output()
+        .expect("run tar");
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for entry in [
+        "checkpoint/belayer-chain.tar",
+        "checkpoint/inventory.img",
+        "config.dump",
+        "spec.dump",
+    ] {
+        assert!(
+            listing.lines().any(|l| l.trim_start_matches("./") == entry),
+            "{entry} is not in CRI's checkpoint archive:\n{listing}"
+        );
+    }
+    assert_eq!(
+        s.exec("rm /by-cri && echo after-cri > /after-cri", None)
+            .code,
+        0
+    );
+
+    // Kubernetes' restore: a container created from the archive (its path as the image).
+    let restored = cri.run_container(&pod, "restored", &archive.display().to_string(), &[]);
+    assert_eq!(
+        cri.container_state(&restored),
+        cri::ContainerState::ContainerRunning as i32
+    );
+    assert!(
+        registry
+            .requests()
+            .iter()
+            .any(|r| r.contains("/manifests/sha256:") && r.ends_with(" 200 OK")),
+        "CRI did not pull the base image from the test's registry: {:?}",
+        registry.requests()
+    );
+    // containerd also unpacks its own diff of the source's snapshot into the new container's
+    // rootfs before it starts. That diff is stale here: since Belayer's restore above, the
+    // source runs on Belayer's layers, and its snapshot still holds /later and the counter file
+    // of before that restore. Neither may reach the restored container.
+    let r = Sandbox::attach(&c, &restored);
+    assert_eq!(
+        r.exec(
+            "cat /kept /by-cri; for f in /later /after-cri; do test -e $f || echo no$f; done",
+            None
+        )
+        .stdout,
+        "kept\nby-cri\nno/later\nno/after-cri\n",
+        "the container restored by CRI is not at the checkpoint"
+    );
+    let counter = r.counter();
+    assert!(
+        is_contiguous(&counter)
+            && wait_until(Duration::from_secs(5), || r.counter().len() > counter.len()),
+        "the counter restored by CRI is not 1..N or does not go on: {:?}",
+        &counter[counter.len().saturating_sub(8)..]
+    );
+
     // The kubelet's teardown: stop and remove the pod. Nothing of it is left.
     let req = cri::StopPodSandboxRequest {
         pod_sandbox_id: pod.clone(),
@@ -239,7 +326,7 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
     );
     let mounts: Vec<String> = leaks::mounts_under(&c.dir)
         .into_iter()
-        .filter(|m| m.contains(&pod) || m.contains(&id))
+        .filter(|m| m.contains(&pod) || m.contains(&id) || m.contains(&restored))
         .collect();
     assert!(mounts.is_empty(), "mounts of the pod left: {mounts:?}");
     let _ = c.belayer(&["rm", &id, &cp]);

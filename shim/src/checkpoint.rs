@@ -554,7 +554,10 @@ impl Inner {
     }
 
     /// For a task created with [`RestoreOptions`](crate::api::RestoreOptions): verify the
-    /// checkpoint and mount its rootfs (at create).
+    /// checkpoint (at create). Its rootfs is mounted at start: between the two, a restore
+    /// through CRI unpacks containerd's own diff of the source's rootfs (`rootfs-diff.tar`) into
+    /// the bundle's rootfs, which must land in the task's own snapshot, not on top of the
+    /// checkpoint's layers (where a stale diff would overwrite them).
     pub async fn prepare_restore(
         &self,
         c: &mut Container,
@@ -563,15 +566,12 @@ impl Inner {
         let (cp, _) = self
             .load_verified(&opts.namespace, &opts.container, Some(opts.checkpoint))
             .await?;
-        if let Some(rootfs) = c.mounted_rootfs.take() {
-            crate::rootfs::unmount(&rootfs);
-        }
-        self.mount_from(c, &cp)?;
         c.pending_restore = Some(cp);
         Ok(())
     }
 
-    /// Starts a task prepared by [`Inner::prepare_restore`]: restores its processes.
+    /// Starts a task prepared by [`Inner::prepare_restore`]: mounts the checkpoint's rootfs in
+    /// place of the snapshot's and restores its processes.
     pub async fn start_restored(
         self: &Arc<Self>,
         c: &mut Container,
@@ -579,6 +579,10 @@ impl Inner {
     ) -> Result<u32> {
         let pid_file = c.bundle.join("init.pid");
         let started = Instant::now();
+        if let Some(rootfs) = c.mounted_rootfs.take() {
+            crate::rootfs::unmount(&rootfs);
+        }
+        self.mount_from(c, &cp)?;
         let pid = self.restore_processes(c, &cp, pid_file).await?;
         log::info!(
             "container {} restored from checkpoint {} of {} at start in {:?}",
