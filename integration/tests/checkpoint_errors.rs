@@ -308,3 +308,50 @@ fn a_task_held_in_vfork_is_waited_for_with_the_container_running() {
     assert_untouched(&c, "vfork", &pid);
     remove(&c, "vfork");
 }
+
+/// containerd's checkpoint image of container `twin` comes back to a store that holds another
+/// checkpoint of that name and number (as on another node, or after this node's were removed and
+/// a new `twin` checkpointed): the restore is refused, naming the clash, rather than running
+/// this store's checkpoint in its place, and the new `twin` keeps running.
+#[test]
+fn a_containerd_checkpoint_that_clashes_with_the_store_is_refused() {
+    let c = Containerd::start(Flavor::V2);
+    run_detached(&c, BELAYER, "twin", &["sh", "-c", COUNTER]);
+    c.ctr(&[
+        "containers",
+        "checkpoint",
+        "--task",
+        "twin",
+        "belayer.local/twin:1",
+    ])
+    .ok();
+    remove(&c, "twin");
+    let chain = c.store.join("checkpoints").join(&c.ns).join("twin");
+    std::fs::remove_dir_all(&chain).expect("remove twin's checkpoints");
+    run_detached(&c, BELAYER, "twin", &["sh", "-c", COUNTER]);
+    let cp = checkpoint(&c, "twin");
+    let pid = task_pid(&c, "twin");
+    let out = c.ctr(&[
+        "containers",
+        "restore",
+        "--live",
+        "twin-copy",
+        "belayer.local/twin:1",
+    ]);
+    assert_ne!(out.code, 0, "a clashing checkpoint was restored: {out:?}");
+    assert!(
+        out.stderr
+            .contains(&format!("checkpoint {cp} of {}/twin", c.ns))
+            && out.stderr.contains("is not the one in this node's store"),
+        "the error does not name the clash: {:?}",
+        out.stderr
+    );
+    assert_ne!(task_status(&c, "twin-copy"), "RUNNING");
+    assert_untouched(&c, "twin", &pid);
+    let _ = c.ctr(&["tasks", "rm", "twin-copy"]);
+    let _ = c.ctr(&["containers", "rm", "twin-copy"]);
+    // The store's own checkpoint still restores.
+    c.belayer(&["restore", "twin", "--checkpoint", &cp]).ok();
+    assert_eq!(task_status(&c, "twin"), "RUNNING");
+    remove(&c, "twin");
+}

@@ -238,8 +238,22 @@ fn import(store: &criu_bridge::Store, path: &Path, take: bool) -> Result<Restore
     std::fs::create_dir_all(&own).map_err(io(format!("create {}", own.display())))?;
     for seq in seqs {
         let to = own.join(seq.to_string());
-        if !to.exists() {
-            let from = exported.load(namespace, container, seq)?.dir;
+        let theirs = exported.load(namespace, container, seq)?;
+        if let Ok(ours) = store.load(namespace, container, seq) {
+            // The same checkpoint (exported from this store), or another node's checkpoint of a
+            // container of the same name: never restore ours in place of theirs.
+            if ours.manifest.created_unix_ms != theirs.manifest.created_unix_ms {
+                return Err(Error::FailedPrecondition(format!(
+                    "checkpoint {seq} of {namespace}/{container} in {} is not the one in this \
+                     node's store (taken at {} ms, not {} ms since the epoch); remove it \
+                     (belayer rm) or import elsewhere",
+                    archive.display(),
+                    theirs.manifest.created_unix_ms,
+                    ours.manifest.created_unix_ms,
+                )));
+            }
+        } else {
+            let from = theirs.dir;
             // Another import of the same chain may have put it there first.
             if let Err(e) = std::fs::rename(&from, &to)
                 && !to.join(criu_bridge::store::MANIFEST_FILE).is_file()
