@@ -188,6 +188,41 @@ fn containerd_checkpoint_carries_processes_and_filesystem() {
     // `ctr task checkpoint` makes a containerd checkpoint image from the shim's export.
     let out = c.ctr(&["tasks", "checkpoint", "viactr"]).ok();
     assert!(out.stdout.contains("checkpoint/viactr"), "{out:?}");
+    // Into a directory of the user's: flat (CRIU images and the chain's archive), and copies, so
+    // that writing there cannot reach the store's checkpoint.
+    let dir = c.dir.join("user-export");
+    c.ctr(&[
+        "tasks",
+        "checkpoint",
+        "--image-path",
+        &dir.display().to_string(),
+        "viactr",
+    ])
+    .ok();
+    for name in ["inventory.img", "belayer-chain.tar"] {
+        let meta = std::fs::metadata(dir.join(name))
+            .unwrap_or_else(|e| panic!("{name} is not in the user's export: {e}"));
+        assert_eq!(
+            std::os::unix::fs::MetadataExt::nlink(&meta),
+            1,
+            "{name} of the user's export is linked to the store"
+        );
+    }
+    std::fs::write(dir.join("inventory.img"), b"edited").expect("edit the user's export");
+    let newest = c
+        .belayer(&["checkpoints", "viactr"])
+        .ok()
+        .stdout
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(
+        c.belayer(&["restore", "viactr", "--checkpoint", &newest])
+            .code,
+        0,
+        "the store's checkpoint does not restore after an edit of the user's export"
+    );
     c.ctr(&[
         "containers",
         "checkpoint",

@@ -14,9 +14,9 @@
 //! directory under its temporary directory and never removes it (runc's restores leave theirs
 //! too). The import moves the images out of such a directory instead of copying them, and
 //! removes what is left: otherwise every restore through containerd leaves a copy of the
-//! checkpoint behind, memory pages included. A directory the caller named (CRI's unpacked
-//! archive among them) is only read: its files are hardlinked into the store where they can be
-//! (the store verifies every file against the manifest before a restore uses it).
+//! checkpoint behind, memory pages included. CRI unpacks its archive into the container's
+//! `ctrd-restore/checkpoint` and removes that itself after the start: its files are hardlinked.
+//! Any other directory is only read, and copied from.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use containerd_shim::protos::protobuf::Message;
 use containerd_shim::protos::shim::oci::CheckpointOptions;
+use criu_bridge::runc::Spawner;
 
 use crate::api::RestoreOptions;
 use crate::error::{Error, Result, io};
@@ -41,15 +42,12 @@ const TAR_OPTIONS: [&str; 4] = [
     "--sparse",
 ];
 
-/// Runs `cmd` through the reaper; `what` names it in the error.
-fn run(what: &str, mut cmd: Command) -> Result<()> {
-    use criu_bridge::runc::Spawner;
+/// Runs `cmd` (the shim's is [`crate::reaper::ReaperSpawner`]); `what` names it in the error.
+fn run(spawner: &dyn Spawner, what: &str, mut cmd: Command) -> Result<()> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let out = crate::reaper::ReaperSpawner
-        .output(cmd)
-        .map_err(io(format!("run {what}")))?;
+    let out = spawner.output(cmd).map_err(io(format!("run {what}")))?;
     if !out.status.success() {
         return Err(Error::Checkpoint(format!(
             "{what}: {}",
@@ -59,37 +57,57 @@ fn run(what: &str, mut cmd: Command) -> Result<()> {
     Ok(())
 }
 
-/// Whether `path` is a directory containerd made for this create and removes never or itself:
-/// `ctrd-checkpoint*` directly under `$XDG_RUNTIME_DIR`, or the temporary directory without it
-/// (containerd's `os.MkdirTemp(os.Getenv("XDG_RUNTIME_DIR"), "ctrd-checkpoint")`; the shim runs
-/// in containerd's environment).
-fn unpacked_by_containerd(path: &Path) -> bool {
+/// How the files of a directory may be put elsewhere.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placing {
+    /// Moved: the directory is containerd's to discard, and nobody else's.
+    Take,
+    /// Hardlinked: the directory is read and removed, never written.
+    Link,
+    /// Copied: the directory is someone's; what is done to it later must not reach the store.
+    Copy,
+}
+
+/// How the files of the checkpoint directory a create names may be placed:
+/// - [`Placing::Take`]: `ctrd-checkpoint*` directly under `$XDG_RUNTIME_DIR`, or the temporary
+///   directory without it (containerd's `os.MkdirTemp(os.Getenv("XDG_RUNTIME_DIR"),
+///   "ctrd-checkpoint")`; the shim runs in containerd's environment), never removed;
+/// - [`Placing::Link`]: CRI's `…/ctrd-restore/checkpoint`, removed by CRI after the start;
+/// - [`Placing::Copy`]: any other.
+fn placing_for(path: &Path) -> Placing {
     let tmp = std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| !d.is_empty())
         .map_or_else(std::env::temp_dir, PathBuf::from);
-    path.parent() == Some(tmp.as_path())
-        && path
-            .file_name()
+    let name = |p: Option<&Path>| {
+        p.and_then(Path::file_name)
             .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with("ctrd-checkpoint"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    if path.parent() == Some(tmp.as_path()) && name(Some(path)).starts_with("ctrd-checkpoint") {
+        Placing::Take
+    } else if name(Some(path)) == "checkpoint" && name(path.parent()) == "ctrd-restore" {
+        Placing::Link
+    } else {
+        Placing::Copy
+    }
 }
 
-/// Puts file `from` at `to`: a rename when `from` may be taken, else a hardlink; a copy where
-/// neither works (another filesystem).
-fn place_file(from: &Path, to: &Path, take: bool) -> Result<()> {
-    let linked = if take {
-        std::fs::rename(from, to)
-    } else {
-        std::fs::hard_link(from, to)
+/// Puts file `from` at `to` as `how` says; a copy where a rename or link cannot cross
+/// filesystems.
+fn place_file(from: &Path, to: &Path, how: Placing) -> Result<()> {
+    let placed = match how {
+        Placing::Take => std::fs::rename(from, to),
+        Placing::Link => std::fs::hard_link(from, to),
+        Placing::Copy => std::fs::copy(from, to).map(drop),
     };
-    match linked {
+    match placed {
         Ok(()) => Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => std::fs::copy(from, to)
             .map(drop)
             .map_err(io(format!("copy {} to {}", from.display(), to.display()))),
         Err(e) => Err(Error::Checkpoint(format!(
-            "{} {} to {}: {e}",
-            if take { "move" } else { "link" },
+            "{how:?} {} to {}: {e}",
             from.display(),
             to.display()
         ))),
@@ -120,20 +138,23 @@ fn flat_files(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Writes checkpoint `seq` of `namespace/container` in `store`, with its whole chain, to `dest`
-/// as a flat export (module doc).
+/// as a flat export (module doc). The CRIU images are placed as `how` says: hardlinked into
+/// containerd's own temporary directory, which it only reads (into its content store) and
+/// removes; copied into a directory the user named, for an edit there must not reach the store.
 fn export(
     store: &criu_bridge::Store,
     namespace: &str,
     container: &str,
     seq: u64,
     dest: &Path,
+    how: Placing,
+    spawner: &dyn Spawner,
 ) -> Result<()> {
     let cp = store.load(namespace, container, seq)?;
     std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
     let criu = cp.criu_dir();
     for file in flat_files(&criu)? {
-        let name = file.file_name().unwrap_or_default();
-        place_file(&file, &dest.join(name), false)?;
+        place_file(&file, &dest.join(file.file_name().unwrap_or_default()), how)?;
     }
     let relative = |p: &Path| p.strip_prefix(store.root()).map(Path::to_path_buf);
     let skip = relative(&criu)
@@ -156,7 +177,11 @@ fn export(
             })?,
         );
     }
-    run(&format!("archive the chain into {}", dest.display()), tar)
+    run(
+        spawner,
+        &format!("archive the chain into {}", dest.display()),
+        tar,
+    )
 }
 
 /// Removes the directory on drop.
@@ -168,9 +193,37 @@ impl Drop for RemoveOnDrop {
     }
 }
 
+/// The prefix of an import's staging directory in the store root; the shim's pid follows.
+const IMPORT_PREFIX: &str = ".tmp-import-";
+
+/// Removes the staging directories of imports whose shim is gone (it died mid-import).
+fn remove_dead_imports(root: &Path) {
+    for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(IMPORT_PREFIX)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && !Path::new(&format!("/proc/{pid}")).exists()
+        {
+            log::info!(
+                "removing {}, left by an import that died",
+                e.path().display()
+            );
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
 /// Imports the export at `path` (module doc) into `store`, unless its checkpoints are there
-/// already, and names its newest checkpoint. `take`: the export's files may be moved.
-fn import(store: &criu_bridge::Store, path: &Path, take: bool) -> Result<RestoreOptions> {
+/// already, and names its newest checkpoint. The export's files are placed as `how` says.
+fn import(
+    store: &criu_bridge::Store,
+    path: &Path,
+    how: Placing,
+    spawner: &dyn Spawner,
+) -> Result<RestoreOptions> {
     let archive = path.join(CHAIN_ARCHIVE);
     if !archive.is_file() {
         return Err(Error::InvalidArgument(format!(
@@ -180,13 +233,14 @@ fn import(store: &criu_bridge::Store, path: &Path, take: bool) -> Result<Restore
     }
     let images = flat_files(path)?;
     // Unpacked beside the store's checkpoints, so that they move into place by rename.
+    remove_dead_imports(store.root());
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos();
     let staging = store
         .root()
-        .join(format!(".tmp-import-{}-{stamp}", std::process::id()));
+        .join(format!("{IMPORT_PREFIX}{}-{stamp}", std::process::id()));
     std::fs::create_dir_all(&staging).map_err(io(format!("create {}", staging.display())))?;
     let _remove = RemoveOnDrop(staging.clone());
     let mut tar = Command::new("tar");
@@ -198,7 +252,7 @@ fn import(store: &criu_bridge::Store, path: &Path, take: bool) -> Result<Restore
         .arg(&archive)
         .arg("--directory")
         .arg(&staging);
-    run(&format!("unpack {}", archive.display()), tar)?;
+    run(spawner, &format!("unpack {}", archive.display()), tar)?;
 
     let mut chains = Vec::new();
     let top = staging.join("checkpoints");
@@ -231,7 +285,7 @@ fn import(store: &criu_bridge::Store, path: &Path, take: bool) -> Result<Restore
         place_file(
             image,
             &criu.join(image.file_name().unwrap_or_default()),
-            take,
+            how,
         )?;
     }
     let own = store.container_dir(namespace, container)?;
@@ -287,6 +341,11 @@ impl Inner {
                 .map_err(|e| Error::InvalidArgument(format!("checkpoint options: {e}")))?,
             None => CheckpointOptions::default(),
         };
+        let how = if opts.image_path.is_empty() {
+            Placing::Link
+        } else {
+            Placing::Copy
+        };
         let dest = PathBuf::from(if opts.image_path.is_empty() {
             path
         } else {
@@ -300,9 +359,19 @@ impl Inner {
         let ns = self.namespace.clone();
         let cid = id.to_string();
         let seq: u64 = info.id.parse().unwrap_or_default();
-        tokio::task::spawn_blocking(move || export(&store, &ns, &cid, seq, &dest))
-            .await
-            .map_err(|e| Error::Checkpoint(e.to_string()))?
+        tokio::task::spawn_blocking(move || {
+            export(
+                &store,
+                &ns,
+                &cid,
+                seq,
+                &dest,
+                how,
+                &crate::reaper::ReaperSpawner,
+            )
+        })
+        .await
+        .map_err(|e| Error::Checkpoint(e.to_string()))?
     }
 
     /// For a task created from a containerd checkpoint directory: imports the exported chain into
@@ -311,9 +380,11 @@ impl Inner {
         let store = self.store();
         let path = PathBuf::from(path);
         tokio::task::spawn_blocking(move || {
-            let take = unpacked_by_containerd(&path);
-            let found = import(&store, &path, take)?;
-            if take && let Err(e) = std::fs::remove_dir_all(&path) {
+            let how = placing_for(&path);
+            let found = import(&store, &path, how, &crate::reaper::ReaperSpawner)?;
+            if how == Placing::Take
+                && let Err(e) = std::fs::remove_dir_all(&path)
+            {
                 log::warn!(
                     "remove {}, containerd's unpacked checkpoint: {e}",
                     path.display()
@@ -323,5 +394,101 @@ impl Inner {
         })
         .await
         .map_err(|e| Error::Checkpoint(e.to_string()))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn containerd_s_own_directories_are_taken_or_linked_others_copied() {
+        let tmp = std::env::var_os("XDG_RUNTIME_DIR")
+            .filter(|d| !d.is_empty())
+            .map_or_else(std::env::temp_dir, PathBuf::from);
+        assert_eq!(placing_for(&tmp.join("ctrd-checkpoint123")), Placing::Take);
+        assert_eq!(
+            placing_for(&tmp.join("sub/ctrd-checkpoint123")),
+            Placing::Copy
+        );
+        assert_eq!(
+            placing_for(Path::new(
+                "/var/lib/containerd/io.containerd.grpc.v1.cri/containers/abc/ctrd-restore/checkpoint"
+            )),
+            Placing::Link
+        );
+        assert_eq!(
+            placing_for(Path::new("/home/me/ctrd-restore/checkpoints")),
+            Placing::Copy
+        );
+        assert_eq!(placing_for(Path::new("/srv/export")), Placing::Copy);
+    }
+
+    fn import_error(export: &Path) -> String {
+        let store = tempfile::tempdir().unwrap();
+        let store = criu_bridge::Store::new(store.path());
+        let e = import(
+            &store,
+            export,
+            Placing::Copy,
+            &criu_bridge::runc::StdSpawner,
+        )
+        .expect_err("a bad export imported")
+        .to_string();
+        let leftovers: Vec<_> = std::fs::read_dir(store.root())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(leftovers.is_empty(), "the import left {leftovers:?} ({e})");
+        e
+    }
+
+    #[test]
+    fn a_bad_export_is_refused_by_name_and_leaves_the_store_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = import_error(dir.path());
+        assert!(e.contains("holds no Belayer checkpoint"), "{e}");
+
+        // A chain archive cut short (a tar of one file, truncated inside that file).
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("checkpoints/ns/c/1")).unwrap();
+        std::fs::write(
+            src.join("checkpoints/ns/c/1/manifest.json"),
+            vec![b'x'; 20_000],
+        )
+        .unwrap();
+        let tar = dir.path().join(CHAIN_ARCHIVE);
+        let made = Command::new("tar")
+            .arg("--create")
+            .arg("--file")
+            .arg(&tar)
+            .arg("--directory")
+            .arg(&src)
+            .arg("checkpoints")
+            .status()
+            .unwrap();
+        assert!(made.success());
+        std::fs::remove_dir_all(&src).unwrap();
+        let bytes = std::fs::read(&tar).unwrap();
+        std::fs::write(&tar, &bytes[..bytes.len() / 3]).unwrap();
+        let e = import_error(dir.path());
+        assert!(e.contains("unpack") && e.contains(CHAIN_ARCHIVE), "{e}");
+
+        // A staging directory of an import that died is cleared by the next one.
+        let store = tempfile::tempdir().unwrap();
+        let dead = store.path().join(format!("{IMPORT_PREFIX}{}-1", u32::MAX));
+        let live = store
+            .path()
+            .join(format!("{IMPORT_PREFIX}{}-1", std::process::id()));
+        std::fs::create_dir_all(&dead).unwrap();
+        std::fs::create_dir_all(&live).unwrap();
+        remove_dead_imports(store.path());
+        assert!(!dead.exists() && live.exists());
+
+        // Something other than files beside it.
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        let e = import_error(dir.path());
+        assert!(e.contains("is not a regular file"), "{e}");
     }
 }
