@@ -5,7 +5,7 @@
 //! The export is flat, regular files only, because Kubernetes' checkpoint (CRI
 //! `CheckpointContainer`) unpacks containerd's checkpoint blob into one directory and creates
 //! every entry as a file:
-//! - the CRIU images of the checkpoint, as runc leaves them (what `checkpointctl` reads);
+//! - the CRIU images of the checkpoint, where runc's export has them;
 //! - [`CHAIN_ARCHIVE`]: the rest of the chain as a store (`checkpoints/<namespace>/<container>/
 //!   <seq>/`, every member but the newest one's CRIU images), a tar that keeps owners, modes,
 //!   xattrs (overlay's `trusted.*` too), whiteouts, hardlinks and sparse files.
