@@ -309,14 +309,18 @@ fn a_task_held_in_vfork_is_waited_for_with_the_container_running() {
     remove(&c, "vfork");
 }
 
-/// containerd's checkpoint image of container `twin` comes back to a store that holds another
-/// checkpoint of that name and number (as on another node, or after this node's were removed and
-/// a new `twin` checkpointed): the restore is refused, naming the clash, rather than running
-/// this store's checkpoint in its place, and the new `twin` keeps running.
+/// containerd's checkpoint image of container `twin` comes back to a store without its
+/// checkpoints (as on another node): the import brings the whole checkpoint along, and the
+/// restored container is at its instant. Then to a store that holds another checkpoint of that
+/// name and number (after this node's were removed and a new `twin` checkpointed): the restore is
+/// refused, naming the clash, rather than running this store's checkpoint in its place, and the
+/// new `twin` keeps running.
 #[test]
-fn a_containerd_checkpoint_that_clashes_with_the_store_is_refused() {
+fn a_containerd_checkpoint_imports_where_missing_and_is_refused_where_it_clashes() {
     let c = Containerd::start(Flavor::V2);
     run_detached(&c, BELAYER, "twin", &["sh", "-c", COUNTER]);
+    let twin = || Sandbox::attach(&c, "twin");
+    assert_eq!(twin().exec("echo first > /which", None).code, 0);
     c.ctr(&[
         "containers",
         "checkpoint",
@@ -328,14 +332,36 @@ fn a_containerd_checkpoint_that_clashes_with_the_store_is_refused() {
     remove(&c, "twin");
     let chain = c.store.join("checkpoints").join(&c.ns).join("twin");
     std::fs::remove_dir_all(&chain).expect("remove twin's checkpoints");
+
+    c.ctr(&[
+        "containers",
+        "restore",
+        "--live",
+        "twin-copy",
+        "belayer.local/twin:1",
+    ])
+    .ok();
+    assert_eq!(task_status(&c, "twin-copy"), "RUNNING");
+    let copy = Sandbox::attach(&c, "twin-copy");
+    assert_eq!(copy.exec("cat /which", None).stdout, "first\n");
+    let counter = copy.exec("cat /counter", None).stdout;
+    let numbers: Vec<u64> = counter.lines().filter_map(|l| l.parse().ok()).collect();
+    assert!(
+        episode::is_contiguous(&numbers),
+        "the imported checkpoint's counter is not 1..N"
+    );
+    remove(&c, "twin-copy");
+    std::fs::remove_dir_all(&chain).expect("remove the imported checkpoints");
+
     run_detached(&c, BELAYER, "twin", &["sh", "-c", COUNTER]);
+    assert_eq!(twin().exec("echo second > /which", None).code, 0);
     let cp = checkpoint(&c, "twin");
     let pid = task_pid(&c, "twin");
     let out = c.ctr(&[
         "containers",
         "restore",
         "--live",
-        "twin-copy",
+        "twin-copy2",
         "belayer.local/twin:1",
     ]);
     assert_ne!(out.code, 0, "a clashing checkpoint was restored: {out:?}");
@@ -346,12 +372,13 @@ fn a_containerd_checkpoint_that_clashes_with_the_store_is_refused() {
         "the error does not name the clash: {:?}",
         out.stderr
     );
-    assert_ne!(task_status(&c, "twin-copy"), "RUNNING");
+    assert_ne!(task_status(&c, "twin-copy2"), "RUNNING");
     assert_untouched(&c, "twin", &pid);
-    let _ = c.ctr(&["tasks", "rm", "twin-copy"]);
-    let _ = c.ctr(&["containers", "rm", "twin-copy"]);
-    // The store's own checkpoint still restores.
+    let _ = c.ctr(&["tasks", "rm", "twin-copy2"]);
+    let _ = c.ctr(&["containers", "rm", "twin-copy2"]);
+    // The store's own checkpoint still restores, with its own filesystem.
     c.belayer(&["restore", "twin", "--checkpoint", &cp]).ok();
     assert_eq!(task_status(&c, "twin"), "RUNNING");
+    assert_eq!(twin().exec("cat /which", None).stdout, "second\n");
     remove(&c, "twin");
 }

@@ -107,7 +107,12 @@ fn place_file(from: &Path, to: &Path, how: Placing) -> Result<()> {
             .map(drop)
             .map_err(io(format!("copy {} to {}", from.display(), to.display()))),
         Err(e) => Err(Error::Checkpoint(format!(
-            "{how:?} {} to {}: {e}",
+            "{} {} to {}: {e}",
+            match how {
+                Placing::Take => "move",
+                Placing::Link => "link",
+                Placing::Copy => "copy",
+            },
             from.display(),
             to.display()
         ))),
@@ -279,24 +284,14 @@ fn import(
             archive.display()
         )));
     };
-    let criu = exported.load(namespace, container, newest)?.criu_dir();
-    std::fs::create_dir_all(&criu).map_err(io(format!("create {}", criu.display())))?;
-    for image in &images {
-        place_file(
-            image,
-            &criu.join(image.file_name().unwrap_or_default()),
-            how,
-        )?;
-    }
-    let own = store.container_dir(namespace, container)?;
-    std::fs::create_dir_all(&own).map_err(io(format!("create {}", own.display())))?;
-    for seq in seqs {
-        let to = own.join(seq.to_string());
+    // Which checkpoints this store lacks; the others must be the same checkpoints (one exported
+    // from here), not another node's of a container of the same name: never restore ours in
+    // place of theirs. Checked whole before anything moves.
+    let mut missing = Vec::new();
+    for &seq in &seqs {
         let theirs = exported.load(namespace, container, seq)?;
-        if let Ok(ours) = store.load(namespace, container, seq) {
-            // The same checkpoint (exported from this store), or another node's checkpoint of a
-            // container of the same name: never restore ours in place of theirs.
-            if ours.manifest.created_unix_ms != theirs.manifest.created_unix_ms {
+        match store.load(namespace, container, seq) {
+            Ok(ours) if ours.manifest.created_unix_ms != theirs.manifest.created_unix_ms => {
                 return Err(Error::FailedPrecondition(format!(
                     "checkpoint {seq} of {namespace}/{container} in {} is not the one in this \
                      node's store (taken at {} ms, not {} ms since the epoch); remove it \
@@ -306,18 +301,42 @@ fn import(
                     ours.manifest.created_unix_ms,
                 )));
             }
-        } else {
-            let from = theirs.dir;
-            // Another import of the same chain may have put it there first.
-            if let Err(e) = std::fs::rename(&from, &to)
-                && !to.join(criu_bridge::store::MANIFEST_FILE).is_file()
-            {
-                return Err(Error::Checkpoint(format!(
-                    "move {} to {}: {e}",
-                    from.display(),
-                    to.display()
-                )));
-            }
+            Ok(_) => {}
+            Err(_) => missing.push((seq, theirs)),
+        }
+    }
+    if missing.is_empty() {
+        return Ok(RestoreOptions {
+            namespace: namespace.clone(),
+            container: container.clone(),
+            checkpoint: newest,
+        });
+    }
+    if let Some((_, cp)) = missing.iter().find(|(seq, _)| *seq == newest) {
+        let criu = cp.criu_dir();
+        std::fs::create_dir_all(&criu).map_err(io(format!("create {}", criu.display())))?;
+        for image in &images {
+            place_file(
+                image,
+                &criu.join(image.file_name().unwrap_or_default()),
+                how,
+            )?;
+        }
+    }
+    // Under the container's lock: a checkpoint being written takes the next number.
+    let _lock = store.lock(namespace, container)?;
+    let own = store.container_dir(namespace, container)?;
+    for (seq, theirs) in missing {
+        let to = own.join(seq.to_string());
+        // Another import of the same chain may have put it there first.
+        if let Err(e) = std::fs::rename(&theirs.dir, &to)
+            && !to.join(criu_bridge::store::MANIFEST_FILE).is_file()
+        {
+            return Err(Error::Checkpoint(format!(
+                "move {} to {}: {e}",
+                theirs.dir.display(),
+                to.display()
+            )));
         }
     }
     Ok(RestoreOptions {
