@@ -189,7 +189,19 @@ fn containerd_checkpoint_carries_processes_and_filesystem() {
     let out = c.ctr(&["tasks", "checkpoint", "viactr"]).ok();
     assert!(out.stdout.contains("checkpoint/viactr"), "{out:?}");
     // Into a directory of the user's: flat (CRIU images and the chain's archive), and copies, so
-    // that writing there cannot reach the store's checkpoint.
+    // that writing there cannot reach the store's checkpoint. ctr names the image it records
+    // after the second it started in: a second checkpoint in the same second fails ("already
+    // exists"), so this one waits for the next second.
+    let second = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default()
+    };
+    let first = second();
+    while second() == first {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let dir = c.dir.join("user-export");
     c.ctr(&[
         "tasks",
