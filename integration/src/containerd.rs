@@ -321,6 +321,11 @@ impl Containerd {
         self.dir.join("tmp")
     }
 
+    /// Container `id`'s checkpoints in the Belayer store: `<store>/checkpoints/<ns>/<id>`.
+    pub fn checkpoints_dir(&self, id: &str) -> PathBuf {
+        self.store.join("checkpoints").join(&self.ns).join(id)
+    }
+
     /// containerd's content store (`blobs/sha256/…`), e.g. for a [`crate::registry::Registry`].
     pub fn content_dir(&self) -> PathBuf {
         self.dir.join("root/io.containerd.content.v1.content")

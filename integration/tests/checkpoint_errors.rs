@@ -66,7 +66,7 @@ fn rand() -> u64 {
 }
 
 fn cp_dir(c: &Containerd, id: &str, cp: &str) -> PathBuf {
-    c.store.join("checkpoints").join(&c.ns).join(id).join(cp)
+    c.checkpoints_dir(id).join(cp)
 }
 
 /// The largest file under `dir`.
@@ -215,7 +215,7 @@ fn full_disk_keeps_nothing_partial() {
         "",
         "a partial checkpoint is listed"
     );
-    let dir = c.store.join("checkpoints").join(&c.ns).join("full");
+    let dir = c.checkpoints_dir("full");
     let left: Vec<_> = std::fs::read_dir(&dir)
         .map(|d| {
             d.flatten()
@@ -330,7 +330,7 @@ fn a_containerd_checkpoint_imports_where_missing_and_is_refused_where_it_clashes
     ])
     .ok();
     remove(&c, "twin");
-    let chain = c.store.join("checkpoints").join(&c.ns).join("twin");
+    let chain = c.checkpoints_dir("twin");
     std::fs::remove_dir_all(&chain).expect("remove twin's checkpoints");
 
     c.ctr(&[

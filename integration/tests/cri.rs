@@ -274,7 +274,7 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
 
     // Kubernetes' restore: a container created from the archive (its path as the image), as on
     // another node, whose store has none of the source's checkpoints: the archive brings them.
-    std::fs::remove_dir_all(c.store.join("checkpoints").join(&c.ns).join(&id))
+    std::fs::remove_dir_all(c.checkpoints_dir(&id))
         .expect("remove the source's checkpoints from the store");
     let restored = cri.run_container(&pod, "restored", &archive.display().to_string(), &[]);
     assert_eq!(

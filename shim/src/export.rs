@@ -189,15 +189,6 @@ fn export(
     )
 }
 
-/// Removes the directory on drop.
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The prefix of an import's staging directory in the store root; the shim's pid follows.
 const IMPORT_PREFIX: &str = ".tmp-import-";
 
@@ -247,7 +238,7 @@ fn import(
         .root()
         .join(format!("{IMPORT_PREFIX}{}-{stamp}", std::process::id()));
     std::fs::create_dir_all(&staging).map_err(io(format!("create {}", staging.display())))?;
-    let _remove = RemoveOnDrop(staging.clone());
+    let _remove = criu_bridge::store::RemoveOnDrop(staging.clone());
     let mut tar = Command::new("tar");
     tar.arg("--extract")
         .args(TAR_OPTIONS)

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::files::record;
 use super::manifest::{FS_DIR, MANIFEST_FILE, Manifest};
-use super::{Checkpoint, Store, StoreError, TMP_PREFIX, mkdir_private};
+use super::{Checkpoint, RemoveOnDrop, Store, StoreError, TMP_PREFIX, mkdir_private};
 use crate::layer::{CompactError, compact_layers};
 
 /// Why compacting a checkpoint failed.
@@ -162,13 +162,5 @@ impl Store {
             .map_err(|e| StoreError::io("fsync", &mpath, e))?;
         crate::sys::fsync_dir(out).map_err(|e| StoreError::io("fsync", out, e))?;
         Ok(manifest)
-    }
-}
-
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
     }
 }

@@ -22,6 +22,16 @@ pub use verify::{VerifyError, VerifyLevel, verify_checkpoint, verify_dir};
 
 use crate::layer::LayerIndex;
 
+/// Removes a directory (a checkpoint or import being written) when dropped, unless the work
+/// that owns it moved it away first.
+pub struct RemoveOnDrop(pub PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The default store root.
 pub const DEFAULT_ROOT: &str = "/var/lib/belayer";
 /// Prefix of in-progress (temporary) checkpoint dirs; never listed.
