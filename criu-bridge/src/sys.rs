@@ -192,16 +192,23 @@ pub fn birth_time(path: &Path) -> io::Result<Option<(i64, u32)>> {
 
 /// Takes an exclusive non-blocking `flock` on `file`; `Ok(false)` if someone else holds it.
 pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
-    // SAFETY: the fd is owned by `file` and valid for the duration of the call.
-    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if r == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Ok(false)
-    } else {
-        Err(err)
+    flock(file, libc::LOCK_EX | libc::LOCK_NB)
+}
+
+/// `flock(file, op)`; `Ok(false)` when `op` has `LOCK_NB` and someone else holds the lock.
+pub fn flock(file: &File, op: libc::c_int) -> io::Result<bool> {
+    loop {
+        // SAFETY: the fd is owned by `file` and valid for the duration of the call.
+        let r = unsafe { libc::flock(file.as_raw_fd(), op) };
+        if r == 0 {
+            return Ok(true);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            _ => return Err(err),
+        }
     }
 }
 

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use common::{MountGuard, require_root, sh};
 use criu_bridge::layer::capture_layer;
 use criu_bridge::store::{
-    FORMAT_VERSION, FormatError, Manifest, StoreError, VerifyError, VerifyLevel, verify_checkpoint,
+    CompactCheckpointError, FORMAT_VERSION, FormatError, Manifest, StoreError, VerifyError,
+    VerifyLevel, verify_checkpoint,
 };
 use criu_bridge::{Checkpoint, Store};
 
@@ -391,4 +392,90 @@ fn a_fork_keeps_its_source_layers_until_compacted() {
         &criu_bridge::tree::snapshot_tree(&target).unwrap(),
     );
     assert!(diff.is_empty(), "{diff:#?}");
+}
+
+/// A lease (a mounted rootfs stacking on checkpoints' layers) keeps every checkpoint it covers
+/// from deletion and compaction, naming its holder; a lease whose holder is gone (its file
+/// unlocked) does not, and is cleared; a checkpoint that is gone cannot be leased.
+#[test]
+fn a_lease_keeps_its_checkpoints_until_released() {
+    let e = env();
+    sh(&e.merged, "echo 1 > a");
+    let c1 = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    sh(&e.merged, "echo 2 > b");
+    let c2 = fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c1)).unwrap();
+    let in_use = |err: &StoreError, seq: u64, holders: &[&str]| {
+        matches!(err, StoreError::InUse { seq: s, container, holders: h }
+            if *s == seq && container == "default/c1" && h == holders)
+    };
+
+    let lease = e.store.lease(&c2, ("default", "runner")).unwrap();
+    let other = e.store.lease(&c2, ("k8s.io", "other")).unwrap();
+    let err = e.store.delete("default", "c1", 2).unwrap_err();
+    assert!(
+        in_use(&err, 2, &["default/runner", "k8s.io/other"]),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("default/runner, k8s.io/other"),
+        "{err}"
+    );
+    let err = e.store.compact("default", "c1", 2).unwrap_err();
+    assert!(
+        matches!(&err, CompactCheckpointError::Store(s) if in_use(s, 2, &["default/runner", "k8s.io/other"])),
+        "{err}"
+    );
+    assert_eq!(
+        e.store.load("default", "c1", 2).unwrap(),
+        c2,
+        "a refused compaction changed it"
+    );
+    let names = |dir: &Path| -> Vec<String> {
+        fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let container_dir = c2.dir.parent().unwrap().to_path_buf();
+    assert!(
+        !names(&container_dir).iter().any(|n| n.starts_with(".tmp-")),
+        "a refused compaction left its work: {:?}",
+        names(&container_dir)
+    );
+    drop(other);
+
+    // A fork's checkpoint stacks on c1's layers: leasing it leases them.
+    let lowers = criu_bridge::rootfs_lowers(&e.store, &c2).unwrap();
+    let (g, fork_upper, fork_merged) = common::mount_fresh(e._tmp.path(), "fork", &lowers);
+    sh(&fork_merged, "echo f > fork-only");
+    let f1 = fake_checkpoint_of(&e.store, "f1", &fork_upper, &lowers, None).unwrap();
+    drop(g);
+    drop(lease);
+    let forked = e.store.lease(&f1, ("default", "forked")).unwrap();
+    let err = e.store.compact("default", "c1", 2).unwrap_err();
+    assert!(
+        matches!(&err, CompactCheckpointError::Store(s) if in_use(s, 2, &["default/forked"])),
+        "{err}"
+    );
+    drop(forked);
+
+    // A holder that died leaves its file unlocked: it does not count, and goes.
+    let leases = container_dir.join(".leases");
+    fs::write(leases.join("2+default+ghost+4194304.0"), "").unwrap();
+    e.store.compact("default", "c1", 2).unwrap();
+    assert!(
+        !names(&leases).iter().any(|n| n.starts_with("2+")),
+        "leases left: {:?}",
+        names(&leases)
+    );
+    e.store.compact("default", "f1", 1).unwrap();
+    e.store.delete("default", "c1", 1).unwrap();
+    let err = e.store.lease(&c1, ("default", "late")).unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { seq: 1, .. }), "{err}");
+    assert!(
+        names(&leases).iter().all(|n| n == ".lock"),
+        "{:?}",
+        names(&leases)
+    );
 }

@@ -257,3 +257,72 @@ fn automatic_checkpoints_skip_a_task_held_in_vfork() {
     );
     remove(&c, "vfork-auto");
 }
+
+/// Retention of automatic checkpoints (`io.belayer.keep=1`) keeps one that a running fork stacks
+/// on, however many newer ones come, and lets it go once the fork is gone.
+#[test]
+fn retention_keeps_a_checkpoint_a_running_fork_stacks_on() {
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start_annotated(
+        &c,
+        BELAYER,
+        "kept",
+        &["io.belayer.checkpoint=auto", "io.belayer.keep=1"],
+    );
+    let checkpoints = || -> Vec<String> {
+        c.belayer(&["checkpoints", "kept"])
+            .stdout
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    // One turn: an action, then the model "thinks" while the scheduler checkpoints; returns once
+    // a checkpoint newer than `after` is listed.
+    let turn = |n: usize, after: Option<&String>| -> Vec<String> {
+        let out = s.exec(&format!("echo {n} > /turn{n}"), None);
+        assert_eq!(out.code, 0, "turn {n}: {out:?}");
+        c.belayer(&["hint", "kept", "llm-start", "--expected-ms", "2000"])
+            .ok();
+        let newer = |l: &[String]| l.last().is_some_and(|x| Some(x) != after);
+        assert!(
+            wait_until(Duration::from_secs(20), || newer(&checkpoints())),
+            "turn {n}: no automatic checkpoint"
+        );
+        checkpoints()
+    };
+    let first = turn(1, None).last().cloned().expect("a checkpoint");
+    let out = c.belayer(&["fork", "kept", "--checkpoint", &first, "--count", "1"]);
+    assert_eq!(out.code, 0, "fork: {out:?}");
+    let fork = out.stdout.trim().to_string();
+
+    let mut newest = first.clone();
+    for n in 2..=3 {
+        let listed = turn(n, Some(&newest));
+        newest = listed.last().cloned().expect("a checkpoint");
+        assert!(
+            listed.contains(&first),
+            "turn {n}: retention removed checkpoint {first}, which fork {fork} stacks on: {listed:?}"
+        );
+    }
+    let f = Sandbox::attach(&c, &fork);
+    assert_eq!(
+        f.exec("cat /turn1", None).stdout,
+        "1\n",
+        "the fork lost a file"
+    );
+    let log = std::fs::read_to_string(c.dir.join("containerd.log")).unwrap_or_default();
+    assert!(
+        log.contains(&format!("retention keeps checkpoint {first}")),
+        "retention did not say why it kept {first}"
+    );
+
+    remove(&c, &fork);
+    turn(4, Some(&newest));
+    // Retention runs right after the checkpoint is listed.
+    assert!(
+        wait_until(Duration::from_secs(10), || !checkpoints().contains(&first)),
+        "checkpoint {first} outlived its last fork: {:?}",
+        checkpoints()
+    );
+    remove(&c, "kept");
+}

@@ -382,3 +382,47 @@ fn a_containerd_checkpoint_imports_where_missing_and_is_refused_where_it_clashes
     assert_eq!(twin().exec("cat /which", None).stdout, "second\n");
     remove(&c, "twin");
 }
+
+/// A checkpoint whose layers running forks stack on cannot be removed (nor its layers swept
+/// away) while they run, even with its own container's task gone: the refusal names a fork, and
+/// the forks still read the checkpoint's files. Once they are gone, it can be removed.
+#[test]
+fn a_checkpoint_that_running_forks_stack_on_stays_until_they_go() {
+    let c = Containerd::start(Flavor::V2);
+    run_detached(&c, BELAYER, "base", &["sh", "-c", COUNTER]);
+    let base = Sandbox::attach(&c, "base");
+    assert_eq!(base.exec("echo kept > /kept", None).code, 0);
+    let cp = checkpoint(&c, "base");
+    let out = c.belayer(&["fork", "base", "--checkpoint", &cp, "--count", "2"]);
+    assert_eq!(out.code, 0, "fork: {out:?}");
+    let forks: Vec<String> = out.stdout.lines().map(str::to_string).collect();
+    assert_eq!(forks.len(), 2, "{out:?}");
+    // The source's task goes (a crash, then containerd's delete); its record stays.
+    crash(&c, "base");
+    c.ctr(&["tasks", "rm", "base"]).ok();
+
+    let out = c.belayer(&["rm", "base", &cp]);
+    assert_clear_error(&out, "in use");
+    assert!(
+        forks.iter().any(|f| out.stderr.contains(f.as_str())),
+        "the refusal names no fork: {:?}",
+        out.stderr
+    );
+    assert_eq!(c.belayer(&["checkpoints", "base"]).stdout.trim(), cp);
+    for f in &forks {
+        let s = Sandbox::attach(&c, f);
+        assert_eq!(
+            s.exec("cat /kept", None).stdout,
+            "kept\n",
+            "{f} lost a file"
+        );
+        assert_eq!(task_status(&c, f), "RUNNING");
+    }
+
+    for f in &forks {
+        remove(&c, f);
+    }
+    c.belayer(&["rm", "base", &cp]).ok();
+    assert_eq!(c.belayer(&["checkpoints", "base"]).stdout, "");
+    c.ctr(&["containers", "rm", "base"]).ok();
+}

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use criu_bridge::store::{CompactCheckpointError, StoreError};
 use log::{debug, info, warn};
 use scheduler::{CheckpointCost, Decision, DeferReason, Footprint, Hint};
 use serde::{Deserialize, Serialize};
@@ -288,7 +289,7 @@ impl Inner {
                     .iter()
                     .any(|p| chains.get(p).is_some_and(|c| c.contains(&d)))
             };
-            let delete: Vec<u64> = plan
+            let mut delete: Vec<u64> = plan
                 .delete
                 .into_iter()
                 .filter(|d| !pinned.contains(d) && !needed_by_pinned(*d))
@@ -296,18 +297,35 @@ impl Inner {
             if delete.is_empty() {
                 return Ok(());
             }
+            // Another container (a fork, a restored copy) may stack on a checkpoint: that one
+            // stays whole, and so do the members of its chain.
+            let in_use = |e: &StoreError| matches!(e, StoreError::InUse { .. });
             for (seq, chain) in &chains {
                 if !delete.contains(seq)
                     && !pinned.contains(seq)
                     && chain.iter().any(|l| delete.contains(l))
                 {
-                    store.compact(&ns, &cid, *seq).map_err(|e| {
-                        crate::error::Error::Checkpoint(crate::checkpoint::chain(&e))
-                    })?;
+                    match store.compact(&ns, &cid, *seq) {
+                        Ok(_) => {}
+                        Err(CompactCheckpointError::Store(e)) if in_use(&e) => {
+                            info!("container {cid}: retention keeps checkpoint {seq}'s chain: {e}");
+                            delete.retain(|d| !chain.contains(d));
+                        }
+                        Err(e) => {
+                            return Err(crate::error::Error::Checkpoint(crate::checkpoint::chain(
+                                &e,
+                            )));
+                        }
+                    }
                 }
             }
             for seq in delete {
-                store.delete(&ns, &cid, seq)?;
+                match store.delete(&ns, &cid, seq) {
+                    Err(e) if in_use(&e) => {
+                        info!("container {cid}: retention keeps checkpoint {seq}: {e}")
+                    }
+                    r => r?,
+                }
             }
             Ok(())
         })

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use containerd_shim::protos::api::Status;
 use criu_bridge::runc::CriuOptions;
+use criu_bridge::store::Lease;
 use criu_bridge::{Checkpoint, CheckpointError, RestoreError, Store};
 use log::info;
 
@@ -87,7 +88,9 @@ impl From<criu_bridge::store::StoreError> for Error {
         use criu_bridge::store::StoreError as S;
         match &e {
             S::NotFound { .. } => Error::CheckpointNotFound(chain(&e)),
-            S::InChain { .. } | S::UsedAsLower { .. } => Error::FailedPrecondition(chain(&e)),
+            S::InChain { .. } | S::UsedAsLower { .. } | S::InUse { .. } => {
+                Error::FailedPrecondition(chain(&e))
+            }
             S::InProgress { .. } => Error::InProgress(chain(&e)),
             S::DiskFull { .. } => Error::DiskFull(chain(&e)),
             S::Format(_) => Error::Corrupt(chain(&e)),
@@ -347,41 +350,53 @@ impl Inner {
         Ok(())
     }
 
-    /// Loads and verifies a checkpoint (sha256 of every file) before anything is touched.
+    /// Loads and verifies a checkpoint (sha256 of every file) before anything is touched, and
+    /// leases it (and every checkpoint whose layers its rootfs stacks on) for container
+    /// `holder` of this shim's namespace: none of them can be removed until the lease goes.
     async fn load_verified(
         &self,
         namespace: &str,
         id: &str,
         seq: Option<u64>,
-    ) -> Result<(Checkpoint, u64)> {
+        holder: &str,
+    ) -> Result<(Checkpoint, Lease, u64)> {
         let store = self.settings.store();
         let (ns, cid, criu) = (
             namespace.to_string(),
             id.to_string(),
             self.settings.criu.clone(),
         );
+        let (holder_ns, holder) = (self.namespace.clone(), holder.to_string());
         let started = Instant::now();
-        let cp = tokio::task::spawn_blocking(move || -> Result<Checkpoint> {
+        let (cp, lease) = tokio::task::spawn_blocking(move || -> Result<(Checkpoint, Lease)> {
             let cp = match seq {
                 Some(s) => store.load(&ns, &cid, s)?,
                 None => store.latest(&ns, &cid)?.ok_or_else(|| {
                     Error::CheckpointNotFound(format!("container {cid} has no checkpoints"))
                 })?,
             };
+            // Before the verification: what is verified is what gets mounted.
+            let lease = store.lease(&cp, (&holder_ns, &holder))?;
             // Stamped: every file whose inode, size or ctime moved since it was last hashed is hashed
             // again (any write moves ctime), the rest is trusted; Full re-reads everything.
             criu_bridge::verify(&store, &cp, criu_bridge::store::VerifyLevel::Stamped)?;
             criu_bridge::criu::check_criu_with(&crate::reaper::ReaperSpawner, &criu)
                 .map_err(|e| Error::FailedPrecondition(chain(&e)))?;
-            Ok(cp)
+            Ok((cp, lease))
         })
         .await
         .map_err(|e| Error::Checkpoint(e.to_string()))??;
-        Ok((cp, started.elapsed().as_millis() as u64))
+        Ok((cp, lease, started.elapsed().as_millis() as u64))
     }
 
-    /// Mounts `cp`'s rootfs for container `c` on a fresh Belayer-owned upper dir.
-    fn mount_from(&self, c: &mut Container, cp: &Checkpoint) -> Result<(PathBuf, u64)> {
+    /// Mounts `cp`'s rootfs for container `c` on a fresh Belayer-owned upper dir; `lease` (on
+    /// `cp`'s layers) is kept while it is mounted.
+    fn mount_from(
+        &self,
+        c: &mut Container,
+        cp: &Checkpoint,
+        lease: Lease,
+    ) -> Result<(PathBuf, u64)> {
         let target = c.rootfs.clone();
         let uppers = self.settings.uppers(&self.namespace, &c.id);
         // A name no earlier restore of this container used: the upper being replaced may still
@@ -402,6 +417,7 @@ impl Inner {
             crate::rootfs::make_shared(&target)?;
         }
         c.mounted_rootfs = Some(target);
+        c.lease = Some(lease);
         c.mount_chain = if cp.manifest.container == c.id && cp.manifest.namespace == self.namespace
         {
             cp.manifest.fs_chain.clone()
@@ -511,7 +527,7 @@ impl Inner {
         let _busy = Busy::now(&shared, id)?;
         let mut c = shared.lock().await;
         let ns = self.namespace.clone();
-        let (cp, verify_ms) = self.load_verified(&ns, id, seq).await?;
+        let (cp, lease, verify_ms) = self.load_verified(&ns, id, seq, id).await?;
         let t_verified = started.elapsed();
         // Point of no return: the old processes go.
         if let Err(e) = self.runc.delete(id, true).await
@@ -523,7 +539,7 @@ impl Inner {
         if let Some(rootfs) = c.mounted_rootfs.take() {
             crate::rootfs::unmount_detached(&rootfs);
         }
-        let (pid_file, mount_ms) = self.mount_from(&mut c, &cp)?;
+        let (pid_file, mount_ms) = self.mount_from(&mut c, &cp, lease)?;
         let t_mounted = started.elapsed();
         let restore_at = Instant::now();
         let pid = self.restore_processes(&mut c, &cp, pid_file).await?;
@@ -563,10 +579,15 @@ impl Inner {
         c: &mut Container,
         opts: &crate::api::RestoreOptions,
     ) -> Result<()> {
-        let (cp, _) = self
-            .load_verified(&opts.namespace, &opts.container, Some(opts.checkpoint))
+        let (cp, lease, _) = self
+            .load_verified(
+                &opts.namespace,
+                &opts.container,
+                Some(opts.checkpoint),
+                &c.id,
+            )
             .await?;
-        c.pending_restore = Some(cp);
+        c.pending_restore = Some((cp, lease));
         Ok(())
     }
 
@@ -575,14 +596,14 @@ impl Inner {
     pub async fn start_restored(
         self: &Arc<Self>,
         c: &mut Container,
-        cp: Checkpoint,
+        (cp, lease): (Checkpoint, Lease),
     ) -> Result<u32> {
         let pid_file = c.bundle.join("init.pid");
         let started = Instant::now();
         if let Some(rootfs) = c.mounted_rootfs.take() {
             crate::rootfs::unmount(&rootfs);
         }
-        self.mount_from(c, &cp)?;
+        self.mount_from(c, &cp, lease)?;
         let pid = self.restore_processes(c, &cp, pid_file).await?;
         log::info!(
             "container {} restored from checkpoint {} of {} at start in {:?}",

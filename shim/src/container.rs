@@ -33,8 +33,11 @@ pub struct Container {
     pub fs: Option<FsState>,
     /// Set while a checkpoint or restore runs.
     pub busy: Arc<AtomicBool>,
-    /// A checkpoint to restore at start instead of running the spec's process.
-    pub pending_restore: Option<criu_bridge::Checkpoint>,
+    /// A checkpoint to restore at start instead of running the spec's process, leased.
+    pub pending_restore: Option<(criu_bridge::Checkpoint, criu_bridge::store::Lease)>,
+    /// The lease on the checkpoints whose layers the mounted rootfs stacks on (dropped once it
+    /// is unmounted): nobody removes them from under the container.
+    pub lease: Option<criu_bridge::store::Lease>,
     /// Belayer's own upper/work dirs of a restored rootfs, removed at delete.
     pub owned_upper: Option<PathBuf>,
     /// The checkpoints whose layers the mounted rootfs stacks (kept while mounted).
@@ -120,6 +123,7 @@ impl Container {
             fs: None,
             busy: Arc::default(),
             pending_restore: None,
+            lease: None,
             owned_upper: None,
         }
     }
@@ -184,7 +188,7 @@ impl Container {
     }
 
     /// Removes what the container left on the host: runc's state, the rootfs mount, pid files.
-    pub async fn cleanup(&self, runc: &Runc) {
+    pub async fn cleanup(&mut self, runc: &Runc) {
         if let Err(e) = runc.delete(&self.id, true).await
             && !e.to_string().contains("does not exist")
         {
@@ -193,6 +197,8 @@ impl Container {
         if let Some(rootfs) = &self.mounted_rootfs {
             crate::rootfs::unmount(rootfs);
         }
+        self.lease = None;
+        self.pending_restore = None;
         let _ = std::fs::remove_file(self.bundle.join("init.pid"));
         if let Some(dir) = &self.owned_upper {
             let _ = std::fs::remove_dir_all(dir);

@@ -49,8 +49,11 @@ impl Store {
         let tmp = cp.dir.with_file_name(format!("{TMP_PREFIX}compact-{seq}"));
         let guard = RemoveOnDrop(tmp.clone());
         let manifest = self.write_standalone(&cp, &tmp)?;
-        crate::sys::rename_exchange(&tmp, &cp.dir)
-            .map_err(|e| StoreError::io("swap", &cp.dir, e))?;
+        let dir = self.container_dir(namespace, container)?;
+        self.unless_leased(&dir, seq, || {
+            crate::sys::rename_exchange(&tmp, &cp.dir)
+                .map_err(|e| StoreError::io("swap", &cp.dir, e))
+        })?;
         if let Some(parent) = cp.dir.parent() {
             crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
         }

@@ -4,6 +4,7 @@
 
 mod compact;
 mod files;
+mod lease;
 mod manifest;
 mod pending;
 mod verify;
@@ -13,6 +14,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 pub use compact::CompactCheckpointError;
+pub use lease::Lease;
 pub use manifest::{
     CRIU_DIR, FORMAT_VERSION, FS_DIR, FileEntry, FormatError, INDEX_FILE, MANIFEST_FILE,
     MAX_MANIFEST_BYTES, Manifest, Sizes, Timings, UncapturedExec, probe_version,
@@ -95,6 +97,20 @@ pub enum StoreError {
         seq: u64,
         /// The checkpoint dir that needs it.
         by: PathBuf,
+    },
+    /// A running container's rootfs stacks on the checkpoint's layers (it was restored or forked
+    /// from it): removing or compacting it would take files from under that container.
+    #[error(
+        "checkpoint {seq} of {container} is in use: the running rootfs of {} stacks on its layers; remove those tasks first",
+        holders.join(", ")
+    )]
+    InUse {
+        /// The checkpoint.
+        seq: u64,
+        /// Its container, `namespace/id`.
+        container: String,
+        /// The containers that mount it, `namespace/id`.
+        holders: Vec<String>,
     },
     /// A manifest is unreadable.
     #[error(transparent)]
@@ -211,6 +227,16 @@ pub(crate) fn mkdir_private(path: &Path) -> Result<(), StoreError> {
     }
 }
 
+/// Opens (creating) a file that is only ever `flock`ed.
+pub(crate) fn open_lock_file(path: &Path) -> Result<fs::File, StoreError> {
+    fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| StoreError::io("open", path, e))
+}
+
 impl Store {
     /// A store rooted at `root`.
     pub fn new(root: impl Into<PathBuf>) -> Self {
@@ -246,12 +272,7 @@ impl Store {
                 .map_err(|e| StoreError::io("chmod", &d, e))?;
         }
         let path = dir.join(LOCK_FILE);
-        let file = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| StoreError::io("open", &path, e))?;
+        let file = open_lock_file(&path)?;
         // A lock just released can look held for a moment: a child forked by another thread
         // shares the lock's open file until it execs. A few short retries ride that out; a real
         // holder (a checkpoint) keeps it far longer.
@@ -342,17 +363,7 @@ impl Store {
 
     /// Starts a new checkpoint (the next sequence number) in a temp dir, under `lock`.
     pub fn begin(&self, lock: &ContainerLock) -> Result<PendingCheckpoint, StoreError> {
-        let ns = lock
-            .dir
-            .parent()
-            .and_then(Path::file_name)
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let id = lock
-            .dir
-            .file_name()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let (ns, id) = lease::names_of(&lock.dir);
         let seq = self.list(&ns, &id)?.last().map_or(1, |s| s + 1);
         // Holding the lock, any temp dir is a crashed write's leftover.
         if let Ok(rd) = fs::read_dir(&lock.dir) {
@@ -388,7 +399,10 @@ impl Store {
         }
         // Rename first so a crash never leaves a half-deleted checkpoint listed.
         let doomed = cp.dir.with_file_name(format!("{TMP_PREFIX}deleted-{seq}"));
-        fs::rename(&cp.dir, &doomed).map_err(|e| StoreError::io("rename", &cp.dir, e))?;
+        let dir = self.container_dir(namespace, container)?;
+        self.unless_leased(&dir, seq, || {
+            fs::rename(&cp.dir, &doomed).map_err(|e| StoreError::io("rename", &cp.dir, e))
+        })?;
         fs::remove_dir_all(&doomed).map_err(|e| StoreError::io("remove", &doomed, e))?;
         let _ = fs::remove_file(verify::stamp_path(&cp.dir));
         Ok(())
