@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::criu::{CriuLog, RestoreStats, VersionError, read_restore_stats};
 use crate::layer::{MountError, mount_chain};
-use crate::runc::{RestoreArgs, RestoreStdio, Runc, RuncError};
+use crate::runc::{CriuOptions, RestoreArgs, RestoreStdio, Runc, RuncError};
 use crate::store::{Checkpoint, Store, StoreError, VerifyError, VerifyLevel, verify_checkpoint};
 
 /// Why a restore step failed.
@@ -106,8 +106,10 @@ pub fn mount_rootfs(
 pub struct RestoreRequest<'a> {
     /// runc.
     pub runc: &'a Runc,
-    /// The checkpoint.
-    pub checkpoint: &'a Checkpoint,
+    /// The CRIU images (a checkpoint's [`Checkpoint::criu_dir`], or runc's own).
+    pub image_dir: &'a Path,
+    /// The CRIU options they were dumped with (a checkpoint's `criu_options`).
+    pub criu: &'a CriuOptions,
     /// Container id to restore as (the same for in place, a new one for a fork; the old one
     /// must be deleted from runc first).
     pub id: &'a str,
@@ -136,7 +138,7 @@ pub struct RestoreReport {
     pub lazy: Option<crate::lazy::LazyPages>,
 }
 
-/// `runc restore` of `req.checkpoint`'s processes, with the CRIU options of the checkpoint.
+/// `runc restore` of the processes in `req.image_dir`.
 pub fn restore_processes(
     req: &RestoreRequest<'_>,
     stdio: RestoreStdio,
@@ -147,11 +149,11 @@ pub fn restore_processes(
         source,
     })?;
     let start = Instant::now();
-    let image_dir = req.checkpoint.criu_dir();
+    let image_dir = req.image_dir;
     let lazy = match req.lazy_pages {
         true => Some(crate::lazy::LazyPages::start(
             req.runc,
-            &image_dir,
+            image_dir,
             req.work_dir,
         )?),
         false => None,
@@ -159,9 +161,9 @@ pub fn restore_processes(
     let args = RestoreArgs {
         id: req.id,
         bundle: req.bundle,
-        image_dir: &image_dir,
+        image_dir,
         work_dir: req.work_dir,
-        criu: &req.checkpoint.manifest.criu_options,
+        criu: req.criu,
         detach: req.detach,
         pid_file: req.pid_file,
         console_socket: req.console_socket,

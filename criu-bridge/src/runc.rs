@@ -132,6 +132,17 @@ impl Default for CriuOptions {
 }
 
 impl CriuOptions {
+    /// What containerd's runc shim restores with: none of the options (CRIU's defaults).
+    pub fn runc_shim() -> Self {
+        Self {
+            tcp_established: false,
+            ext_unix_sk: false,
+            file_locks: false,
+            shell_job: false,
+            manage_cgroups_mode: None,
+        }
+    }
+
     fn apply(&self, cmd: &mut Command) {
         for (on, flag) in [
             (self.tcp_established, "--tcp-established"),

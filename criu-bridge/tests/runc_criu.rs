@@ -103,7 +103,8 @@ fn restore_with(
     let work = base.join(format!("{tag}-restore-work"));
     let req = RestoreRequest {
         runc: &c.runc,
-        checkpoint: cp,
+        image_dir: &cp.criu_dir(),
+        criu: &cp.manifest.criu_options,
         id,
         bundle: &bundle,
         work_dir: &work,
@@ -284,7 +285,8 @@ fn criu_failures_concurrency_and_corruption_are_typed_and_harmless() {
     let work = base.join("broken-work");
     let req = RestoreRequest {
         runc: &c.runc,
-        checkpoint: &broken,
+        image_dir: &broken.criu_dir(),
+        criu: &broken.manifest.criu_options,
         id: "bl-broken",
         bundle: &bundle,
         work_dir: &work,

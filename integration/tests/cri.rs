@@ -62,8 +62,78 @@ impl Cri {
             .map_err(|s| s.message().to_string())
     }
 
-    /// CreateContainer and StartContainer in `pod`, as the kubelet does; returns the id.
-    fn run_container(&mut self, pod: &str, name: &str, image: &str, command: &[&str]) -> String {
+    /// Waits until CRI reports RuntimeReady: it answers "not initialized" for a moment after
+    /// containerd comes up, as the kubelet sees it at node start. (NetworkReady stays false: no
+    /// CNI.)
+    fn wait_ready(&mut self) {
+        let runtime_ready = |cri: &mut Cri| {
+            cri.call(|mut c| async move { c.status(cri::StatusRequest { verbose: false }).await })
+                .ok()
+                .and_then(|s| s.status)
+                .is_some_and(|s| {
+                    s.conditions
+                        .iter()
+                        .any(|k| k.r#type == "RuntimeReady" && k.status)
+                })
+        };
+        assert!(
+            wait_until(Duration::from_secs(30), || runtime_ready(self)),
+            "CRI never reported RuntimeReady"
+        );
+    }
+
+    /// RunPodSandbox of pod `name` on runtime handler `handler` ("": containerd's default,
+    /// runc); returns its id.
+    fn run_pod(&mut self, name: &str, handler: &str) -> String {
+        let req = cri::RunPodSandboxRequest {
+            config: Some(pod_config(name)),
+            runtime_handler: handler.into(),
+        };
+        self.call(|mut c| async move { c.run_pod_sandbox(req).await })
+            .unwrap_or_else(|e| panic!("RunPodSandbox {name} on handler {handler:?}: {e}"))
+            .pod_sandbox_id
+    }
+
+    /// The kubelet's teardown of a pod: stop, then remove.
+    fn remove_pod(&mut self, pod: &str) {
+        let req = cri::StopPodSandboxRequest {
+            pod_sandbox_id: pod.into(),
+        };
+        self.call(|mut c| async move { c.stop_pod_sandbox(req).await })
+            .expect("StopPodSandbox");
+        let req = cri::RemovePodSandboxRequest {
+            pod_sandbox_id: pod.into(),
+        };
+        self.call(|mut c| async move { c.remove_pod_sandbox(req).await })
+            .expect("RemovePodSandbox");
+    }
+
+    /// CRI CheckpointContainer of `id` into the archive `archive`, as the kubelet's checkpoint
+    /// API does; the container keeps running.
+    fn checkpoint(&mut self, id: &str, archive: &std::path::Path) {
+        let req = cri::CheckpointContainerRequest {
+            container_id: id.into(),
+            location: archive.display().to_string(),
+            timeout: 0,
+        };
+        self.call(|mut c| async move { c.checkpoint_container(req).await })
+            .expect("CRI CheckpointContainer");
+        assert_eq!(
+            self.container_state(id),
+            cri::ContainerState::ContainerRunning as i32,
+            "not running after CRI's CheckpointContainer"
+        );
+    }
+
+    /// CreateContainer and StartContainer in pod `pod` (named `pod_name`), as the kubelet does;
+    /// returns the id.
+    fn run_container(
+        &mut self,
+        (pod, pod_name): (&str, &str),
+        name: &str,
+        image: &str,
+        command: &[&str],
+    ) -> String {
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: pod.into(),
             config: Some(cri::ContainerConfig {
@@ -85,7 +155,7 @@ impl Cri {
                 }),
                 ..Default::default()
             }),
-            sandbox_config: Some(pod_config()),
+            sandbox_config: Some(pod_config(pod_name)),
         };
         let id = self
             .call(|mut c| async move { c.create_container(req).await })
@@ -96,6 +166,19 @@ impl Cri {
         };
         self.call(|mut c| async move { c.start_container(req).await })
             .unwrap_or_else(|e| panic!("StartContainer {name}: {e}"));
+        id
+    }
+
+    /// Kubernetes' restore: container `restored` created in `pod` from the checkpoint archive
+    /// (its path as the image) and started; returns its id once CRI sees it running.
+    fn restore_from(&mut self, pod: (&str, &str), archive: &std::path::Path) -> String {
+        let id = self.run_container(pod, "restored", &archive.display().to_string(), &[]);
+        assert_eq!(
+            self.container_state(&id),
+            cri::ContainerState::ContainerRunning as i32,
+            "the container restored from {} does not run",
+            archive.display()
+        );
         id
     }
 
@@ -111,6 +194,18 @@ impl Cri {
     }
 }
 
+/// Asserts that `s`'s counter file reads 1..N and grows: `what` restored it at one instant.
+#[track_caller]
+fn assert_counter_goes_on(s: &Sandbox, what: &str) {
+    let counter = s.counter();
+    assert!(
+        is_contiguous(&counter)
+            && wait_until(Duration::from_secs(5), || s.counter().len() > counter.len()),
+        "{what} is not 1..N or does not go on: {:?}",
+        &counter[counter.len().saturating_sub(8)..]
+    );
+}
+
 /// Pod-level Linux settings as the kubelet sends them for a host-network pod.
 fn namespaces() -> cri::NamespaceOption {
     cri::NamespaceOption {
@@ -121,11 +216,11 @@ fn namespaces() -> cri::NamespaceOption {
     }
 }
 
-fn pod_config() -> cri::PodSandboxConfig {
+fn pod_config(name: &str) -> cri::PodSandboxConfig {
     cri::PodSandboxConfig {
         metadata: Some(cri::PodSandboxMetadata {
-            name: "agent-pod".into(),
-            uid: "belayer-it-pod-uid".into(),
+            name: name.into(),
+            uid: format!("belayer-it-{name}-uid"),
             namespace: "default".into(),
             attempt: 0,
         }),
@@ -140,39 +235,10 @@ fn pod_config() -> cri::PodSandboxConfig {
     }
 }
 
-#[test]
-fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
-    let c = Containerd::start_cri();
-    let mut cri = Cri::connect(&c);
-    // CRI answers "not initialized" for a moment after containerd comes up, as the kubelet sees
-    // it at node start; it waits for RuntimeReady too. (NetworkReady stays false: no CNI.)
-    let runtime_ready = |cri: &mut Cri| {
-        cri.call(|mut c| async move { c.status(cri::StatusRequest { verbose: false }).await })
-            .ok()
-            .and_then(|s| s.status)
-            .is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|k| k.r#type == "RuntimeReady" && k.status)
-            })
-    };
-    assert!(
-        wait_until(Duration::from_secs(30), || runtime_ready(&mut cri)),
-        "CRI never reported RuntimeReady"
-    );
-
-    let req = cri::RunPodSandboxRequest {
-        config: Some(pod_config()),
-        runtime_handler: "belayer".into(),
-    };
-    let pod = cri
-        .call(|mut c| async move { c.run_pod_sandbox(req).await })
-        .expect("RunPodSandbox on handler belayer")
-        .pod_sandbox_id;
-
-    // The container's image is named after a registry on loopback that serves containerd's own
-    // content store: CRI's restore from a checkpoint archive pulls the checkpoint's base image
-    // by digest (below), and there is no registry on these machines.
+/// busybox named after a registry on loopback that serves containerd's own content store, and
+/// that registry: CRI's restore from a checkpoint archive pulls the checkpoint's base image by
+/// digest, and there is no registry on these machines.
+fn served_busybox(c: &Containerd) -> (Registry, String) {
     let registry = Registry::serve(&c.content_dir());
     let image = format!("{}/busybox:latest", registry.host);
     c.ctr(&["images", "tag", "belayer.local/busybox:latest", &image])
@@ -188,7 +254,23 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
         .to_string();
     let by_digest = format!("{}/busybox@{digest}", registry.host);
     c.ctr(&["images", "tag", &image, &by_digest]).ok();
-    let id = cri.run_container(&pod, "sandbox", &image, &["sh", "-c", COUNTER_LOOP]);
+    (registry, image)
+}
+
+#[test]
+fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
+    let c = Containerd::start_cri();
+    let mut cri = Cri::connect(&c);
+    cri.wait_ready();
+    let pod = cri.run_pod("agent-pod", "belayer");
+
+    let (registry, image) = served_busybox(&c);
+    let id = cri.run_container(
+        (&pod, "agent-pod"),
+        "sandbox",
+        &image,
+        &["sh", "-c", COUNTER_LOOP],
+    );
     assert_eq!(
         cri.container_state(&id),
         cri::ContainerState::ContainerRunning as i32
@@ -224,30 +306,13 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
             .stdout,
         "kept\nno-later\n"
     );
-    let counter = s.counter();
-    assert!(
-        is_contiguous(&counter)
-            && wait_until(Duration::from_secs(5), || s.counter().len() > counter.len()),
-        "the restored counter is not 1..N or does not go on: {:?}",
-        &counter[counter.len().saturating_sub(8)..]
-    );
+    assert_counter_goes_on(&s, "the restored counter");
 
     // Kubernetes' own checkpoint (the kubelet's checkpoint API → CRI CheckpointContainer): an
     // archive holding a Belayer full checkpoint, the container still running.
     assert_eq!(s.exec("echo by-cri > /by-cri", None).code, 0);
     let archive = c.dir.join("cri-checkpoint.tar");
-    let req = cri::CheckpointContainerRequest {
-        container_id: id.clone(),
-        location: archive.display().to_string(),
-        timeout: 0,
-    };
-    cri.call(|mut c| async move { c.checkpoint_container(req).await })
-        .expect("CRI CheckpointContainer");
-    assert_eq!(
-        cri.container_state(&id),
-        cri::ContainerState::ContainerRunning as i32,
-        "not running after CRI's CheckpointContainer"
-    );
+    cri.checkpoint(&id, &archive);
     let listing = std::process::Command::new("tar")
         .arg("--list")
         .arg("--file")
@@ -276,11 +341,7 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
     // another node, whose store has none of the source's checkpoints: the archive brings them.
     std::fs::remove_dir_all(c.checkpoints_dir(&id))
         .expect("remove the source's checkpoints from the store");
-    let restored = cri.run_container(&pod, "restored", &archive.display().to_string(), &[]);
-    assert_eq!(
-        cri.container_state(&restored),
-        cri::ContainerState::ContainerRunning as i32
-    );
+    let restored = cri.restore_from((&pod, "agent-pod"), &archive);
     assert!(
         registry
             .requests()
@@ -303,25 +364,10 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
         "kept\nby-cri\nno/later\nno/after-cri\n",
         "the container restored by CRI is not at the checkpoint"
     );
-    let counter = r.counter();
-    assert!(
-        is_contiguous(&counter)
-            && wait_until(Duration::from_secs(5), || r.counter().len() > counter.len()),
-        "the counter restored by CRI is not 1..N or does not go on: {:?}",
-        &counter[counter.len().saturating_sub(8)..]
-    );
+    assert_counter_goes_on(&r, "the counter restored by CRI");
 
     // The kubelet's teardown: stop and remove the pod. Nothing of it is left.
-    let req = cri::StopPodSandboxRequest {
-        pod_sandbox_id: pod.clone(),
-    };
-    cri.call(|mut c| async move { c.stop_pod_sandbox(req).await })
-        .expect("StopPodSandbox");
-    let req = cri::RemovePodSandboxRequest {
-        pod_sandbox_id: pod.clone(),
-    };
-    cri.call(|mut c| async move { c.remove_pod_sandbox(req).await })
-        .expect("RemovePodSandbox");
+    cri.remove_pod(&pod);
     assert!(
         wait_until(Duration::from_secs(10), || c.shim_pids().is_empty()),
         "shims left after the pod went: {:?}",
@@ -333,4 +379,71 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
         .collect();
     assert!(mounts.is_empty(), "mounts of the pod left: {mounts:?}");
     let _ = c.belayer(&["rm", &id, &cp]);
+}
+
+/// Kubernetes' checkpoint of a container on runc (CRI's default handler) restores into a pod on
+/// the Belayer handler: as runc would (its processes from the archive's CRIU images, its
+/// filesystem from containerd's diff, `rootfs-diff.tar`), after which Belayer checkpoints and
+/// restores it as any other container.
+#[test]
+fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
+    let c = Containerd::start_cri();
+    let mut cri = Cri::connect(&c);
+    cri.wait_ready();
+    let (_registry, image) = served_busybox(&c);
+    let runc_pod = cri.run_pod("runc-pod", "");
+    let id = cri.run_container(
+        (&runc_pod, "runc-pod"),
+        "on-runc",
+        &image,
+        &["sh", "-c", COUNTER_LOOP],
+    );
+    let s = Sandbox::attach(&c, &id);
+    assert_eq!(s.exec("echo kept > /kept && rm /bin/true", None).code, 0);
+    let archive = c.dir.join("runc-checkpoint.tar");
+    cri.checkpoint(&id, &archive);
+    assert_eq!(s.exec("echo later > /later", None).code, 0);
+
+    let pod = cri.run_pod("belayer-pod", "belayer");
+    let restored = cri.restore_from((&pod, "belayer-pod"), &archive);
+    let r = Sandbox::attach(&c, &restored);
+    assert_eq!(
+        r.exec(
+            "cat /kept; test -e /bin/true || echo no-true; test -e /later || echo no-later",
+            None
+        )
+        .stdout,
+        "kept\nno-true\nno-later\n",
+        "the container restored from runc's archive is not at its checkpoint"
+    );
+    assert_counter_goes_on(&r, "the counter restored from runc's archive");
+
+    let log = std::fs::read_to_string(c.dir.join("containerd.log")).unwrap_or_default();
+    assert!(
+        log.contains(&format!(
+            "container {restored} restored from runc's CRIU images"
+        )),
+        "the shim did not restore runc's images"
+    );
+
+    // From here on it is a Belayer container: a full checkpoint, then a restore in place.
+    let cp = c
+        .belayer(&["checkpoint", &restored])
+        .ok()
+        .stdout
+        .trim()
+        .to_string();
+    assert_eq!(r.exec("rm /kept", None).code, 0);
+    c.belayer(&["restore", &restored, "--checkpoint", &cp]).ok();
+    assert_eq!(r.exec("cat /kept", None).stdout, "kept\n");
+    assert_counter_goes_on(&r, "the counter after Belayer's restore");
+
+    cri.remove_pod(&pod);
+    cri.remove_pod(&runc_pod);
+    assert!(
+        wait_until(Duration::from_secs(10), || c.shim_pids().is_empty()),
+        "shims left after the pods went: {:?}",
+        c.shim_pids()
+    );
+    let _ = c.belayer(&["rm", &restored, &cp]);
 }

@@ -15,7 +15,7 @@ use criu_bridge::{Checkpoint, CheckpointError, RestoreError, Store};
 use log::info;
 
 use crate::api::{CheckpointInfo, RestoreInfo};
-use crate::container::{Container, FsState};
+use crate::container::{Container, FsState, PendingRestore};
 use crate::error::{Error, Result, io};
 use crate::stdio::PendingIo;
 use crate::task::Inner;
@@ -445,11 +445,11 @@ impl Inner {
         Ok((c.bundle.join("init.pid"), took.as_millis() as u64))
     }
 
-    /// `runc restore` of `cp` as container `c`, wiring its stdio to containerd's paths.
+    /// `runc restore` of `images` as container `c`, wiring its stdio to containerd's paths.
     async fn restore_processes(
         self: &Arc<Self>,
         c: &mut Container,
-        cp: &Checkpoint,
+        images: Images,
         pid_file: PathBuf,
     ) -> Result<u32> {
         // Pipes are mapped onto the dumped ones; a terminal comes back as a new pty whose master
@@ -465,24 +465,19 @@ impl Inner {
         let work = self
             .settings
             .work(&self.namespace, &c.id)
-            .join(format!("restore-{}", cp.manifest.seq));
+            .join(format!("restore-{}", images.label));
         let _ = std::fs::remove_dir_all(&work);
         let mut runc = self.bridge_runc();
         runc.systemd_cgroup = c.systemd_cgroup;
-        let (runc, cp2, id, bundle, pf) = (
-            runc,
-            cp.clone(),
-            c.id.clone(),
-            c.bundle.clone(),
-            pid_file.clone(),
-        );
+        let (runc, id, bundle, pf) = (runc, c.id.clone(), c.bundle.clone(), pid_file.clone());
         let lazy_mode = self.settings.lazy_restore.clone();
         let report = tokio::task::spawn_blocking(move || {
-            let lazy_pages = lazy_restore(&lazy_mode, &runc);
+            let lazy_pages = images.lazy && lazy_restore(&lazy_mode, &runc);
             criu_bridge::restore_processes(
                 &criu_bridge::RestoreRequest {
                     runc: &runc,
-                    checkpoint: &cp2,
+                    image_dir: &images.dir,
+                    criu: &images.criu,
                     id: &id,
                     bundle: &bundle,
                     work_dir: &work,
@@ -542,7 +537,9 @@ impl Inner {
         let (pid_file, mount_ms) = self.mount_from(&mut c, &cp, lease)?;
         let t_mounted = started.elapsed();
         let restore_at = Instant::now();
-        let pid = self.restore_processes(&mut c, &cp, pid_file).await?;
+        let pid = self
+            .restore_processes(&mut c, Images::of(&cp), pid_file)
+            .await?;
         let t_restored = started.elapsed();
         c.killed = false;
         let position = self.reposition(&mut c, cp.manifest.seq).await;
@@ -587,7 +584,7 @@ impl Inner {
                 &c.id,
             )
             .await?;
-        c.pending_restore = Some((cp, lease));
+        c.pending_restore = Some(PendingRestore::Belayer(Box::new(cp), lease));
         Ok(())
     }
 
@@ -596,7 +593,8 @@ impl Inner {
     pub async fn start_restored(
         self: &Arc<Self>,
         c: &mut Container,
-        (cp, lease): (Checkpoint, Lease),
+        cp: Checkpoint,
+        lease: Lease,
     ) -> Result<u32> {
         let pid_file = c.bundle.join("init.pid");
         let started = Instant::now();
@@ -604,7 +602,7 @@ impl Inner {
             crate::rootfs::unmount(&rootfs);
         }
         self.mount_from(c, &cp, lease)?;
-        let pid = self.restore_processes(c, &cp, pid_file).await?;
+        let pid = self.restore_processes(c, Images::of(&cp), pid_file).await?;
         log::info!(
             "container {} restored from checkpoint {} of {} at start in {:?}",
             c.id,
@@ -615,8 +613,67 @@ impl Inner {
         Ok(pid)
     }
 
+    /// Starts a task created from runc's CRIU images (`images`; no Belayer checkpoint) as
+    /// containerd's runc shim would: its processes restored onto the task's own rootfs, the
+    /// snapshot containerd mounted and (for CRI) unpacked its diff into. `remove`: the directory
+    /// is containerd's to discard, and goes after the restore. From then on the container is a
+    /// Belayer container like any other (its first checkpoint captures that snapshot's upper).
+    pub async fn start_runc_restored(
+        self: &Arc<Self>,
+        c: &mut Container,
+        images: PathBuf,
+        remove: bool,
+    ) -> Result<u32> {
+        let started = Instant::now();
+        let pid_file = c.bundle.join("init.pid");
+        let runc_images = Images {
+            dir: images.clone(),
+            criu: criu_bridge::runc::CriuOptions::runc_shim(),
+            label: "runc".into(),
+            // CRI removes its copy of the images right after the start.
+            lazy: false,
+        };
+        let restored = self.restore_processes(c, runc_images, pid_file).await;
+        if remove && let Err(e) = std::fs::remove_dir_all(&images) {
+            log::warn!(
+                "remove {}, containerd's unpacked checkpoint: {e}",
+                images.display()
+            );
+        }
+        let pid = restored?;
+        log::info!(
+            "container {} restored from runc's CRIU images in {} at start in {:?}",
+            c.id,
+            images.display(),
+            started.elapsed()
+        );
+        Ok(pid)
+    }
+
     pub fn store(&self) -> Store {
         self.settings.store()
+    }
+}
+
+/// The CRIU images a restore runs from.
+struct Images {
+    dir: PathBuf,
+    /// The options they were dumped with.
+    criu: criu_bridge::runc::CriuOptions,
+    /// Names the restore's work dir.
+    label: String,
+    /// They stay in place until the memory is filled, so the restore may run lazily.
+    lazy: bool,
+}
+
+impl Images {
+    fn of(cp: &Checkpoint) -> Self {
+        Self {
+            dir: cp.criu_dir(),
+            criu: cp.manifest.criu_options.clone(),
+            label: cp.manifest.seq.to_string(),
+            lazy: true,
+        }
     }
 }
 

@@ -33,8 +33,8 @@ pub struct Container {
     pub fs: Option<FsState>,
     /// Set while a checkpoint or restore runs.
     pub busy: Arc<AtomicBool>,
-    /// A checkpoint to restore at start instead of running the spec's process, leased.
-    pub pending_restore: Option<(criu_bridge::Checkpoint, criu_bridge::store::Lease)>,
+    /// What to restore at start instead of running the spec's process.
+    pub pending_restore: Option<PendingRestore>,
     /// The lease on the checkpoints whose layers the mounted rootfs stacks on (dropped once it
     /// is unmounted): nobody removes them from under the container.
     pub lease: Option<criu_bridge::store::Lease>,
@@ -54,6 +54,15 @@ pub struct Container {
     pub lazy_fill: Option<Arc<criu_bridge::lazy::LazyPages>>,
     /// The exec'd processes the last checkpoint warned it does not hold.
     pub uncaptured_warned: Vec<criu_bridge::UncapturedExec>,
+}
+
+/// What a task created from a checkpoint restores at start.
+pub enum PendingRestore {
+    /// A Belayer checkpoint, verified and leased.
+    Belayer(Box<criu_bridge::Checkpoint>, criu_bridge::store::Lease),
+    /// runc's CRIU images alone, restored onto the task's own rootfs; `remove`: the directory
+    /// is containerd's to discard after.
+    Runc { images: PathBuf, remove: bool },
 }
 
 /// What the next checkpoint captures and stacks on.
@@ -198,6 +207,13 @@ impl Container {
             crate::rootfs::unmount(rootfs);
         }
         self.lease = None;
+        if let Some(PendingRestore::Runc {
+            images,
+            remove: true,
+        }) = self.pending_restore.take()
+        {
+            let _ = std::fs::remove_dir_all(images);
+        }
         self.pending_restore = None;
         let _ = std::fs::remove_file(self.bundle.join("init.pid"));
         if let Some(dir) = &self.owned_upper {

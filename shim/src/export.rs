@@ -212,18 +212,41 @@ fn remove_dead_imports(root: &Path) {
     }
 }
 
+/// What a checkpoint directory that a create names holds.
+#[derive(Debug)]
+pub enum Imported {
+    /// A Belayer export, now in this node's store: the checkpoint to restore.
+    Belayer(RestoreOptions),
+    /// runc's checkpoint (`ctr task checkpoint` or Kubernetes' checkpoint of a container on
+    /// runc): CRIU images alone, in `images`, the filesystem being containerd's to bring (CRI
+    /// unpacks its `rootfs-diff.tar` into the task's rootfs). `remove`: the directory is
+    /// containerd's to discard after the restore.
+    Runc { images: PathBuf, remove: bool },
+}
+
+/// CRIU's first image, in every dump.
+const CRIU_INVENTORY: &str = "inventory.img";
+
 /// Imports the export at `path` (module doc) into `store`, unless its checkpoints are there
 /// already, and names its newest checkpoint. The export's files are placed as `how` says.
+/// runc's images (no [`CHAIN_ARCHIVE`]) are left where they are.
 fn import(
     store: &criu_bridge::Store,
     path: &Path,
     how: Placing,
     spawner: &dyn Spawner,
-) -> Result<RestoreOptions> {
+) -> Result<Imported> {
     let archive = path.join(CHAIN_ARCHIVE);
     if !archive.is_file() {
+        if path.join(CRIU_INVENTORY).is_file() {
+            return Ok(Imported::Runc {
+                images: path.to_path_buf(),
+                remove: how == Placing::Take,
+            });
+        }
         return Err(Error::InvalidArgument(format!(
-            "{} holds no Belayer checkpoint (no {CHAIN_ARCHIVE})",
+            "{} holds no checkpoint: neither a Belayer one ({CHAIN_ARCHIVE}) nor CRIU images \
+             ({CRIU_INVENTORY})",
             path.display()
         )));
     }
@@ -296,12 +319,13 @@ fn import(
             Err(_) => missing.push((seq, theirs)),
         }
     }
+    let found = Imported::Belayer(RestoreOptions {
+        namespace: namespace.clone(),
+        container: container.clone(),
+        checkpoint: newest,
+    });
     if missing.is_empty() {
-        return Ok(RestoreOptions {
-            namespace: namespace.clone(),
-            container: container.clone(),
-            checkpoint: newest,
-        });
+        return Ok(found);
     }
     if let Some((_, cp)) = missing.iter().find(|(seq, _)| *seq == newest) {
         let criu = cp.criu_dir();
@@ -330,11 +354,7 @@ fn import(
             )));
         }
     }
-    Ok(RestoreOptions {
-        namespace: namespace.clone(),
-        container: container.clone(),
-        checkpoint: newest,
-    })
+    Ok(found)
 }
 
 impl Inner {
@@ -385,14 +405,16 @@ impl Inner {
     }
 
     /// For a task created from a containerd checkpoint directory: imports the exported chain into
-    /// this node's store (unless already there) and names the checkpoint to restore.
-    pub async fn import_checkpoint(&self, path: &str) -> Result<RestoreOptions> {
+    /// this node's store (unless already there) and names the checkpoint to restore; runc's
+    /// images stay where they are, for the start.
+    pub async fn import_checkpoint(&self, path: &str) -> Result<Imported> {
         let store = self.store();
         let path = PathBuf::from(path);
         tokio::task::spawn_blocking(move || {
             let how = placing_for(&path);
             let found = import(&store, &path, how, &crate::reaper::ReaperSpawner)?;
             if how == Placing::Take
+                && matches!(found, Imported::Belayer(_))
                 && let Err(e) = std::fs::remove_dir_all(&path)
             {
                 log::warn!(
@@ -455,10 +477,35 @@ mod tests {
     }
 
     #[test]
+    fn runc_s_images_stay_where_they_are_for_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(CRIU_INVENTORY), b"criu").unwrap();
+        let store = tempfile::tempdir().unwrap();
+        let store = criu_bridge::Store::new(store.path());
+        for (how, remove) in [
+            (Placing::Take, true),
+            (Placing::Link, false),
+            (Placing::Copy, false),
+        ] {
+            let found = import(&store, dir.path(), how, &criu_bridge::runc::StdSpawner).unwrap();
+            assert!(
+                matches!(&found, Imported::Runc { images, remove: r }
+                    if images == dir.path() && *r == remove),
+                "{how:?}: {found:?}"
+            );
+        }
+        assert!(dir.path().join(CRIU_INVENTORY).is_file());
+        assert_eq!(std::fs::read_dir(store.root()).unwrap().count(), 0);
+    }
+
+    #[test]
     fn a_bad_export_is_refused_by_name_and_leaves_the_store_as_it_was() {
         let dir = tempfile::tempdir().unwrap();
         let e = import_error(dir.path());
-        assert!(e.contains("holds no Belayer checkpoint"), "{e}");
+        assert!(
+            e.contains("holds no checkpoint") && e.contains(CHAIN_ARCHIVE),
+            "{e}"
+        );
 
         // A chain archive cut short (a tar of one file, truncated inside that file).
         let src = dir.path().join("src");

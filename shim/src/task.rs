@@ -27,8 +27,9 @@ use containerd_shim::{Context, TtrpcContext, TtrpcResult};
 use log::{info, warn};
 use tokio::sync::Mutex;
 
-use crate::container::{self, Container};
+use crate::container::{self, Container, PendingRestore};
 use crate::error::{Error, Result};
+use crate::export::Imported;
 use crate::process::{self, DRAIN_LIMIT, Exit, Process};
 use crate::reaper;
 use crate::runc::Runc;
@@ -232,7 +233,7 @@ impl Inner {
             terminal: req.terminal || spec.terminal(),
         };
         let restore = match req.checkpoint.as_str() {
-            "" => restore_options(&spec)?,
+            "" => restore_options(&spec)?.map(Imported::Belayer),
             path => Some(self.import_checkpoint(path).await?),
         };
         let journal =
@@ -247,12 +248,16 @@ impl Inner {
         c.rootfs = spec.root(&bundle);
         c.systemd_cgroup = systemd_cgroup;
         c.mounted_rootfs = crate::rootfs::mount(&bundle, &req.rootfs).await?;
-        let pid = match &restore {
-            Some(opts) => {
-                if let Err(e) = self.prepare_restore(&mut c, opts).await {
+        let pid = match restore {
+            Some(Imported::Belayer(opts)) => {
+                if let Err(e) = self.prepare_restore(&mut c, &opts).await {
                     c.cleanup(&self.runc).await;
                     return Err(e);
                 }
+                0
+            }
+            Some(Imported::Runc { images, remove }) => {
+                c.pending_restore = Some(PendingRestore::Runc { images, remove });
                 0
             }
             None => {
@@ -321,8 +326,11 @@ impl Inner {
                 )));
             }
             match c.pending_restore.take() {
-                Some(cp) => {
-                    self.start_restored(&mut c, cp).await?;
+                Some(PendingRestore::Belayer(cp, lease)) => {
+                    self.start_restored(&mut c, *cp, lease).await?;
+                }
+                Some(PendingRestore::Runc { images, remove }) => {
+                    self.start_runc_restored(&mut c, images, remove).await?;
                 }
                 None => {
                     self.runc.start(&req.id).await?;
