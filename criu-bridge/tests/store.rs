@@ -479,3 +479,77 @@ fn a_lease_keeps_its_checkpoints_until_released() {
         names(&leases)
     );
 }
+
+/// Adopting another store's checkpoints of a container (an export unpacked beside the store):
+/// the missing ones move in whole, and another checkpoint of a number this store has (taken at
+/// another time) is refused before anything moves.
+#[test]
+fn adoption_moves_in_what_is_missing_and_refuses_a_clash() {
+    let e = env();
+    sh(&e.merged, "echo 1 > a");
+    let c1 = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    sh(&e.merged, "echo 2 > b");
+    fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c1)).unwrap();
+    let copy = |name: &str| {
+        let root = e._tmp.path().join(name);
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(e.store.root())
+            .arg(&root)
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        Store::new(root)
+    };
+    let theirs = copy("theirs");
+    let clash = copy("clash");
+    let again = copy("again");
+    e.store.delete("default", "c1", 2).unwrap();
+
+    let a = e
+        .store
+        .adoption(&theirs, "default", "c1")
+        .unwrap()
+        .expect("checkpoints to adopt");
+    let seqs = |a: &criu_bridge::store::Adoption| -> Vec<u64> {
+        a.missing.iter().map(|c| c.manifest.seq).collect()
+    };
+    assert_eq!((a.newest, seqs(&a)), (2, vec![2]));
+    e.store.adopt(&a).unwrap();
+    assert_eq!(e.store.list("default", "c1").unwrap(), [1, 2]);
+    let c2 = e.store.load("default", "c1", 2).unwrap();
+    verify_checkpoint(&e.store, &c2, VerifyLevel::Full).unwrap();
+    assert!(
+        e.store
+            .adoption(&again, "default", "c1")
+            .unwrap()
+            .is_some_and(|a| a.missing.is_empty()),
+        "the same chain again has something to move"
+    );
+    assert!(
+        e.store
+            .adoption(&theirs, "default", "other")
+            .unwrap()
+            .is_none()
+    );
+
+    // Checkpoint 1 of `clash` was taken at another time: not this store's checkpoint 1.
+    let path = clash
+        .load("default", "c1", 1)
+        .unwrap()
+        .dir
+        .join("manifest.json");
+    let mut m = Manifest::read(&path).unwrap();
+    m.created_unix_ms += 5;
+    fs::write(&path, m.to_bytes()).unwrap();
+    e.store.delete("default", "c1", 2).unwrap();
+    let err = e.store.adoption(&clash, "default", "c1").unwrap_err();
+    assert!(matches!(err, StoreError::Clash { seq: 1, .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("is not the one in this node's store"),
+        "{err}"
+    );
+    assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
+    assert_eq!(clash.list("default", "c1").unwrap(), [1, 2]);
+}

@@ -9,8 +9,9 @@
 //! cgroup as CRIU's cgroup2 root ([`cgroup_v2_root`]), which such a runc does not.
 //!
 //! An operator's `/etc/criu/runc.conf` is copied into the file, and a `network-lock` or
-//! `cgroup-root` it sets wins. A spec that names its own `org.criu.config` is left alone (and so
-//! gets neither).
+//! `cgroup-root` it sets wins. A spec that names its own `org.criu.config` has that file copied
+//! instead (the operator's is then not read, as runc would not read it either), and what it sets
+//! wins the same way; when Belayer has nothing to add, the spec keeps pointing at it.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -138,9 +139,9 @@ fn apply_with(
     lock: impl FnOnce() -> Option<&'static str>,
     cgroup_root: impl FnOnce(&Spec) -> Option<String>,
 ) -> Result<()> {
-    if spec.annotation(ANNOTATION).is_some() {
-        return Ok(());
-    }
+    // The file runc would hand CRIU: the spec's own, else the operator's.
+    let chosen = spec.annotation(ANNOTATION).map(std::path::PathBuf::from);
+    let runc_conf = chosen.as_deref().unwrap_or(runc_conf);
     let operator = match std::fs::read_to_string(runc_conf) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -229,17 +230,41 @@ mod tests {
         assert!(text.ends_with("network-lock skip\n"), "{text}");
         assert_eq!(spec["ociVersion"], "1.0.2");
 
-        let own = r#"{"annotations":{"org.criu.config":"/etc/mine.conf"}}"#;
-        std::fs::write(dir.join("config.json"), own).unwrap();
+        // A spec's own file is copied in place of the operator's; what it sets wins.
+        let mine = dir.join("mine.conf");
+        std::fs::write(&mine, "network-lock iptables\nfile-locks\n").unwrap();
+        let own = format!(
+            r#"{{"annotations":{{"org.criu.config":"{}"}}}}"#,
+            mine.display()
+        );
+        std::fs::write(dir.join("config.json"), &own).unwrap();
         let mut spec = Spec::load(&dir).unwrap();
         apply_with(
             &dir,
             &mut spec,
             &operator,
-            || panic!("not asked: the spec chose"),
-            |_| panic!("not asked: the spec chose"),
+            || Some("nftables"),
+            |_| Some("/default/fork-1".into()),
         )
         .unwrap();
+        let text = std::fs::read_to_string(dir.join(FILE)).unwrap();
+        assert!(
+            text.starts_with("network-lock iptables\nfile-locks\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("tcp-close") && !text.contains("nftables"),
+            "{text}"
+        );
+        assert!(text.ends_with("cgroup-root :/default/fork-1\n"), "{text}");
+        assert_eq!(
+            spec.annotation(ANNOTATION),
+            Some(dir.join(FILE).display().to_string().as_str())
+        );
+        // Nothing to add: the spec keeps its own file.
+        std::fs::write(dir.join("config.json"), &own).unwrap();
+        let mut spec = Spec::load(&dir).unwrap();
+        apply_with(&dir, &mut spec, &operator, || Some("nftables"), |_| None).unwrap();
         assert_eq!(
             std::fs::read_to_string(dir.join("config.json")).unwrap(),
             own

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use containerd_shim::protos::protobuf::Message;
 use containerd_shim::protos::shim::oci::CheckpointOptions;
 use criu_bridge::runc::Spawner;
+use criu_bridge::store::StoreError;
 
 use crate::api::RestoreOptions;
 use crate::error::{Error, Result, io};
@@ -291,43 +292,31 @@ fn import(
         )));
     };
     let exported = criu_bridge::Store::new(&staging);
-    let seqs = exported.list(namespace, container)?;
-    let Some(&newest) = seqs.last() else {
-        return Err(Error::InvalidArgument(format!(
-            "{} holds no checkpoint of {namespace}/{container}",
-            archive.display()
-        )));
-    };
-    // Which checkpoints this store lacks; the others must be the same checkpoints (one exported
-    // from here), not another node's of a container of the same name: never restore ours in
-    // place of theirs. Checked whole before anything moves.
-    let mut missing = Vec::new();
-    for &seq in &seqs {
-        let theirs = exported.load(namespace, container, seq)?;
-        match store.load(namespace, container, seq) {
-            Ok(ours) if ours.manifest.created_unix_ms != theirs.manifest.created_unix_ms => {
-                return Err(Error::FailedPrecondition(format!(
-                    "checkpoint {seq} of {namespace}/{container} in {} is not the one in this \
-                     node's store (taken at {} ms, not {} ms since the epoch); remove it \
-                     (belayer rm) or import elsewhere",
-                    archive.display(),
-                    theirs.manifest.created_unix_ms,
-                    ours.manifest.created_unix_ms,
-                )));
+    // Never restore ours in place of theirs: a clash is refused before anything moves.
+    let adoption = store
+        .adoption(&exported, namespace, container)
+        .map_err(|e| match e {
+            StoreError::Clash { .. } => {
+                Error::FailedPrecondition(format!("{}: {e}", archive.display()))
             }
-            Ok(_) => {}
-            Err(_) => missing.push((seq, theirs)),
-        }
-    }
+            e => e.into(),
+        })?
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{} holds no checkpoint of {namespace}/{container}",
+                archive.display()
+            ))
+        })?;
     let found = Imported::Belayer(RestoreOptions {
         namespace: namespace.clone(),
         container: container.clone(),
-        checkpoint: newest,
+        checkpoint: adoption.newest,
     });
-    if missing.is_empty() {
-        return Ok(found);
-    }
-    if let Some((_, cp)) = missing.iter().find(|(seq, _)| *seq == newest) {
+    if let Some(cp) = adoption
+        .missing
+        .iter()
+        .find(|cp| cp.manifest.seq == adoption.newest)
+    {
         let criu = cp.criu_dir();
         std::fs::create_dir_all(&criu).map_err(io(format!("create {}", criu.display())))?;
         for image in &images {
@@ -338,22 +327,7 @@ fn import(
             )?;
         }
     }
-    // Under the container's lock: a checkpoint being written takes the next number.
-    let _lock = store.lock(namespace, container)?;
-    let own = store.container_dir(namespace, container)?;
-    for (seq, theirs) in missing {
-        let to = own.join(seq.to_string());
-        // Another import of the same chain may have put it there first.
-        if let Err(e) = std::fs::rename(&theirs.dir, &to)
-            && !to.join(criu_bridge::store::MANIFEST_FILE).is_file()
-        {
-            return Err(Error::Checkpoint(format!(
-                "move {} to {}: {e}",
-                theirs.dir.display(),
-                to.display()
-            )));
-        }
-    }
+    store.adopt(&adoption)?;
     Ok(found)
 }
 

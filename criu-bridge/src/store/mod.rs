@@ -2,6 +2,7 @@
 //! root-only, each checkpoint written into a temp dir and renamed into place whole, a
 //! per-container lock, listing, loading, deletion that keeps chains whole, and compaction.
 
+mod adopt;
 mod compact;
 mod files;
 mod lease;
@@ -13,6 +14,7 @@ use std::fs;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+pub use adopt::Adoption;
 pub use compact::CompactCheckpointError;
 pub use lease::Lease;
 pub use manifest::{
@@ -111,6 +113,23 @@ pub enum StoreError {
         container: String,
         /// The containers that mount it, `namespace/id`.
         holders: Vec<String>,
+    },
+    /// A checkpoint to adopt has the number of one in this store but is another checkpoint
+    /// (another node's container of the same name, say).
+    #[error(
+        "checkpoint {seq} of {namespace}/{container} is not the one in this node's store (taken at {theirs_ms} ms, not {ours_ms} ms since the epoch); remove it (belayer rm) or import elsewhere"
+    )]
+    Clash {
+        /// Namespace.
+        namespace: String,
+        /// Container.
+        container: String,
+        /// Sequence number.
+        seq: u64,
+        /// When the one to adopt was taken (ms since the epoch).
+        theirs_ms: u64,
+        /// When this store's was taken.
+        ours_ms: u64,
     },
     /// A manifest is unreadable.
     #[error(transparent)]

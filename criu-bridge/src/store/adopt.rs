@@ -1,0 +1,86 @@
+//! Adopting another store's checkpoints of one container: an exported chain unpacked beside this
+//! store's root (containerd's checkpoint path, another node's). Those this store lacks move in
+//! by rename, under the container's lock; those it has must be the very same checkpoints (their
+//! creation times match), never quietly swapped for another container's of the same name and
+//! number.
+
+use std::fs;
+
+use super::manifest::MANIFEST_FILE;
+use super::{Checkpoint, Store, StoreError};
+
+/// What adopting a container's checkpoints would move in ([`Store::adoption`]).
+#[derive(Debug)]
+pub struct Adoption {
+    /// The container's namespace.
+    pub namespace: String,
+    /// The container.
+    pub container: String,
+    /// Its newest checkpoint.
+    pub newest: u64,
+    /// The checkpoints this store lacks, where they are now (the caller may still complete
+    /// them before [`Store::adopt`] moves them).
+    pub missing: Vec<Checkpoint>,
+}
+
+impl Store {
+    /// The checkpoints of `namespace/container` in `from` that this store lacks; `None` when
+    /// `from` has none. Every one this store has already is checked first, whole:
+    /// [`StoreError::Clash`] when it is another checkpoint of the same number.
+    pub fn adoption(
+        &self,
+        from: &Store,
+        namespace: &str,
+        container: &str,
+    ) -> Result<Option<Adoption>, StoreError> {
+        let seqs = from.list(namespace, container)?;
+        let Some(&newest) = seqs.last() else {
+            return Ok(None);
+        };
+        let mut missing = Vec::new();
+        for seq in seqs {
+            let theirs = from.load(namespace, container, seq)?;
+            match self.load(namespace, container, seq) {
+                Ok(ours) if ours.manifest.created_unix_ms != theirs.manifest.created_unix_ms => {
+                    return Err(StoreError::Clash {
+                        namespace: namespace.into(),
+                        container: container.into(),
+                        seq,
+                        theirs_ms: theirs.manifest.created_unix_ms,
+                        ours_ms: ours.manifest.created_unix_ms,
+                    });
+                }
+                Ok(_) => {}
+                Err(StoreError::NotFound { .. }) => missing.push(theirs),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some(Adoption {
+            namespace: namespace.into(),
+            container: container.into(),
+            newest,
+            missing,
+        }))
+    }
+
+    /// Moves the missing checkpoints of `adoption` into this store (a rename: `from` must be
+    /// on the store's filesystem), under the container's lock, so a checkpoint being written
+    /// takes the next number. One that another adoption of the same chain moved in first counts
+    /// as moved.
+    pub fn adopt(&self, adoption: &Adoption) -> Result<(), StoreError> {
+        if adoption.missing.is_empty() {
+            // Nothing to move: no need to wait on a checkpoint being written.
+            return Ok(());
+        }
+        let lock = self.lock(&adoption.namespace, &adoption.container)?;
+        for cp in &adoption.missing {
+            let to = lock.dir.join(cp.manifest.seq.to_string());
+            if let Err(e) = fs::rename(&cp.dir, &to)
+                && !to.join(MANIFEST_FILE).is_file()
+            {
+                return Err(StoreError::io("move", &cp.dir, e));
+            }
+        }
+        Ok(())
+    }
+}
