@@ -157,6 +157,8 @@ fn export(
     spawner: &dyn Spawner,
 ) -> Result<()> {
     let cp = store.load(namespace, container, seq)?;
+    // Retention or a `belayer rm` must not take a member while it is being read.
+    let _lease = store.lease(&cp, (namespace, container))?;
     std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
     let criu = cp.criu_dir();
     for file in flat_files(&criu)? {
