@@ -326,6 +326,15 @@ impl Containerd {
         self.store.join("checkpoints").join(&self.ns).join(id)
     }
 
+    /// containerd's work dir of task `id` (the bundle's `work`), where the shim keeps CRIU's
+    /// scratch of its restores (`restore-<checkpoint>/restore.log`, the lazy-pages daemon's files).
+    pub fn task_work_dir(&self, id: &str) -> PathBuf {
+        self.dir
+            .join("root/io.containerd.runtime.v2.task")
+            .join(&self.ns)
+            .join(id)
+    }
+
     /// containerd's content store (`blobs/sha256/…`), e.g. for a [`crate::registry::Registry`].
     pub fn content_dir(&self) -> PathBuf {
         self.dir.join("root/io.containerd.content.v1.content")

@@ -55,7 +55,7 @@ fn episode_restores_whole_in_place() {
     assert_same_tree("restore of a live container", &at_checkpoint, &s.tree());
     assert_processes_intact(&s);
     // The restores ran lazily (the machine recipe supports it): a lazy-pages daemon served them.
-    let work = c.store.join("work").join(&c.ns).join("episode");
+    let work = c.task_work_dir("episode");
     assert!(
         work.join(format!("restore-{cp}/lazy-pages.log")).is_file(),
         "no lazy-pages daemon ran for the restore (see {})",
@@ -339,12 +339,7 @@ fn a_checkpoint_waits_for_a_lazy_fill_without_holding_the_container() {
         .collect();
     s.run(&holder);
     let cp = checkpoint(&c, "filling");
-    let work = c
-        .store
-        .join("work")
-        .join(&c.ns)
-        .join("filling")
-        .join(format!("restore-{cp}"));
+    let work = c.task_work_dir("filling").join(format!("restore-{cp}"));
     // Restore lazily and stop the lazy-pages daemon while it still fills.
     let daemon = (0..10)
         .find_map(|_| {

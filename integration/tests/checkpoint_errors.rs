@@ -239,6 +239,40 @@ fn full_disk_keeps_nothing_partial() {
     remove(&c, "full");
 }
 
+/// A store whose disk has filled up since a checkpoint: the next checkpoint is refused (disk
+/// full), the container runs on, and the earlier checkpoint still restores from the full disk.
+#[test]
+fn an_existing_checkpoint_restores_from_a_full_disk() {
+    let disk = Tmpfs::new(
+        std::env::temp_dir().join(format!("belayer-filled-{}", std::process::id())),
+        "64m",
+    );
+    let c = Containerd::start_with_store(Flavor::V2, Some(disk.0.join("store")));
+    run_detached(&c, BELAYER, "filled", &["sh", "-c", COUNTER]);
+    let s = Sandbox::attach(&c, "filled");
+    assert_eq!(s.exec("echo kept > /kept", None).code, 0);
+    let cp = checkpoint(&c, "filled");
+    let fill = disk.0.join("fill");
+    // dd stops at ENOSPC: the disk is full.
+    let _ = std::process::Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", fill.display()))
+        .arg("bs=64k")
+        .stderr(std::process::Stdio::null())
+        .status();
+    let pid = task_pid(&c, "filled");
+    assert_clear_error(&c.belayer(&["checkpoint", "filled"]), "disk full");
+    assert_untouched(&c, "filled", &pid);
+    assert_eq!(c.belayer(&["checkpoints", "filled"]).stdout.trim(), cp);
+
+    assert_eq!(s.exec("rm /kept", None).code, 0);
+    c.belayer(&["restore", "filled", "--checkpoint", &cp]).ok();
+    assert_eq!(task_status(&c, "filled"), "RUNNING");
+    assert_eq!(s.exec("cat /kept", None).stdout, "kept\n");
+    std::fs::remove_file(&fill).expect("free the disk");
+    remove(&c, "filled");
+}
+
 #[test]
 fn concurrent_checkpoints_one_wins() {
     let c = Containerd::start(Flavor::V2);

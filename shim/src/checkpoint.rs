@@ -445,6 +445,20 @@ impl Inner {
         Ok((c.bundle.join("init.pid"), took.as_millis() as u64))
     }
 
+    /// Where `c`'s restores keep CRIU's scratch (logs, stats, the lazy-pages daemon's socket and
+    /// pid file): the task's work dir that containerd links from the bundle (on containerd's
+    /// disk, removed with the task; runc's shim keeps CRIU's work there too), else the store's.
+    /// Not the store when it can be avoided: a restore must still work from a full store disk,
+    /// and CRIU fails when it cannot write its files.
+    fn restore_scratch(&self, c: &Container) -> PathBuf {
+        let task_work = c.bundle.join("work");
+        if task_work.is_dir() {
+            task_work
+        } else {
+            self.settings.work(&self.namespace, &c.id)
+        }
+    }
+
     /// `runc restore` of `images` as container `c`, wiring its stdio to containerd's paths.
     async fn restore_processes(
         self: &Arc<Self>,
@@ -463,8 +477,7 @@ impl Inner {
         };
         let console_path = pending.console_socket().map(PathBuf::from);
         let work = self
-            .settings
-            .work(&self.namespace, &c.id)
+            .restore_scratch(c)
             .join(format!("restore-{}", images.label));
         let _ = std::fs::remove_dir_all(&work);
         let mut runc = self.bridge_runc();

@@ -109,7 +109,8 @@ impl Settings {
         self.store.join("uppers").join(namespace).join(id)
     }
 
-    /// Scratch space of restores (CRIU's restore.log, stats).
+    /// Scratch space of restores (CRIU's restore.log, stats) for a task whose bundle has no
+    /// `work` dir from containerd.
     pub fn work(&self, namespace: &str, id: &str) -> PathBuf {
         self.store.join("work").join(namespace).join(id)
     }
