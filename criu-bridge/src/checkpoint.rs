@@ -295,6 +295,13 @@ pub fn checkpoint_container_with(
         }
     };
     thawed();
+    // Hashing and writing the images run beside the container's work (the agent's next action):
+    // at a lower CPU priority they leave it the cores.
+    let _background = crate::sys::ThreadNice::lower_to(WRITE_NICE)
+        .map_err(
+            |e| tracing::warn!(container = id, error = %e, "cannot lower the write's priority"),
+        )
+        .ok();
 
     pending
         .write_index(&index)
@@ -325,6 +332,9 @@ pub fn checkpoint_container_with(
     );
     Ok(cp)
 }
+
+/// The nice value a checkpoint is written at, once the container runs again.
+const WRITE_NICE: libc::c_int = 10;
 
 /// Dumps tried before a transient seize failure is reported.
 const DUMP_ATTEMPTS: u32 = 2;

@@ -190,6 +190,51 @@ pub fn birth_time(path: &Path) -> io::Result<Option<(i64, u32)>> {
     }
 }
 
+/// Keeps the calling thread at a lower CPU priority (a higher nice value) while it lives, then
+/// puts the old one back. Linux keeps a nice value per thread; the guard is not `Send`, so it is
+/// dropped on the thread it lowered.
+pub struct ThreadNice {
+    tid: libc::pid_t,
+    before: libc::c_int,
+    _same_thread: std::marker::PhantomData<*const ()>,
+}
+
+impl ThreadNice {
+    /// Lowers the calling thread to nice `nice`, unless it runs at that or lower already.
+    pub fn lower_to(nice: libc::c_int) -> io::Result<Self> {
+        // SAFETY: gettid(2) has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        // SAFETY: errno is thread-local; clearing it tells a nice of -1 from an error.
+        unsafe { *libc::__errno_location() = 0 };
+        // SAFETY: getpriority(2) takes no pointers.
+        let before = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
+        let err = io::Error::last_os_error();
+        if before == -1 && err.raw_os_error() != Some(0) {
+            return Err(err);
+        }
+        if nice > before {
+            // SAFETY: setpriority(2) takes no pointers; it changes only this thread.
+            let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(Self {
+            tid,
+            before,
+            _same_thread: std::marker::PhantomData,
+        })
+    }
+}
+
+impl Drop for ThreadNice {
+    fn drop(&mut self) {
+        // SAFETY: as above; raising the priority back needs CAP_SYS_NICE, which root has (without
+        // it the thread stays lower, which is harmless).
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid as libc::id_t, self.before) };
+    }
+}
+
 /// Takes an exclusive non-blocking `flock` on `file`; `Ok(false)` if someone else holds it.
 pub fn try_lock_exclusive(file: &File) -> io::Result<bool> {
     flock(file, libc::LOCK_EX | libc::LOCK_NB)
@@ -404,4 +449,27 @@ pub fn pidfd_wait_exit(pidfd: &std::os::fd::OwnedFd, timeout: std::time::Duratio
     // SAFETY: one valid pollfd for the duration of the call.
     let r = unsafe { libc::poll(&mut p, 1, ms) };
     r > 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn own_nice() -> libc::c_int {
+        // SAFETY: as in `ThreadNice::lower_to`.
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
+    }
+
+    #[test]
+    fn a_lowered_thread_gets_its_priority_back() {
+        std::thread::spawn(|| {
+            let before = own_nice();
+            let guard = ThreadNice::lower_to(before + 3).unwrap();
+            assert_eq!(own_nice(), before + 3);
+            drop(guard);
+            assert_eq!(own_nice(), before);
+        })
+        .join()
+        .unwrap();
+    }
 }
