@@ -214,7 +214,6 @@ impl Container {
         {
             let _ = std::fs::remove_dir_all(images);
         }
-        self.pending_restore = None;
         let _ = std::fs::remove_file(self.bundle.join("init.pid"));
         if let Some(dir) = &self.owned_upper {
             let _ = std::fs::remove_dir_all(dir);
