@@ -16,6 +16,28 @@ pub mod registry;
 pub use containerd::{Containerd, Flavor, Out};
 pub use docker::Docker;
 
+/// CPU time of the whole machine so far, all cores together, in seconds (`/proc/stat`): busy
+/// (user, nice, system, irq, softirq) and stolen (steal: time the hypervisor ran something else
+/// on a virtual CPU that had work, which is not this machine's CPU to spend).
+pub fn machine_cpu_s() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    let [user, nice, system, _idle, _iowait, irq, softirq, steal] = ticks[..] else {
+        return None;
+    };
+    // SAFETY: sysconf(3) has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let secs = |t: u64| t as f64 / hz as f64;
+    (hz > 0).then(|| (secs(user + nice + system + irq + softirq), secs(steal)))
+}
+
 /// Sends `signal` to process `pid`: a sandbox's init (the failure a test injects), a leftover
 /// daemon, one a test stops and continues. A pid below 1 is refused: kill(2) reads 0 as "my
 /// process group" and -1 as "every process I may signal", so a pid parsed from a status line that

@@ -1,6 +1,7 @@
 //! Helpers shared by the end-to-end suites.
 #![allow(dead_code)]
 
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use belayer_integration::episode::{Sandbox, is_contiguous};
@@ -9,6 +10,22 @@ use belayer_integration::{Containerd, Out};
 pub const BELAYER: &str = "io.containerd.belayer.v1";
 pub const RUNC: &str = "io.containerd.runc.v2";
 pub const BUSYBOX: &str = "belayer.local/busybox:latest";
+
+/// The tests of one suite run side by side (`--test-threads 2` in `scripts/test`). A test that
+/// times Belayer against a baseline run before it must have the machine to itself for both runs:
+/// otherwise a neighbour that checkpoints or forks during one of them and not the other decides
+/// the comparison. Every test of such a suite holds one of these guards.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+/// Shares the machine with the suite's other sharing tests; waits while a timed one runs.
+pub fn machine_shared() -> RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Has the machine to itself among the suite's tests once those running have finished.
+pub fn machine_alone() -> RwLockWriteGuard<'static, ()> {
+    MACHINE.write().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Lines of a command's output with what legitimately differs between runs removed: log
 /// timestamps, the container id, terminal carriage returns and NULs (`script` prints `^@`), and

@@ -25,28 +25,6 @@ pub fn fork_key(n: u32) -> String {
     format!("belayer_fork{n}")
 }
 
-/// CPU time of the whole machine so far, all cores together, in seconds (`/proc/stat`): busy
-/// (user, nice, system, irq, softirq) and stolen (steal: time the hypervisor ran something else
-/// on a virtual CPU that had work, which is not this machine's CPU to spend).
-fn cpu_s() -> Option<(f64, f64)> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let ticks: Vec<u64> = stat
-        .lines()
-        .next()?
-        .split_whitespace()
-        .skip(1)
-        .take(8)
-        .map(|v| v.parse().ok())
-        .collect::<Option<_>>()?;
-    let [user, nice, system, _idle, _iowait, irq, softirq, steal] = ticks[..] else {
-        return None;
-    };
-    // SAFETY: sysconf(3) has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let secs = |t: u64| t as f64 / hz as f64;
-    (hz > 0).then(|| (secs(user + nice + system + irq + softirq), secs(steal)))
-}
-
 /// Runs `belayer ARGS`, returning its output and wall time.
 fn timed(c: &Containerd, args: &[&str]) -> (Out, f64) {
     let start = Instant::now();
@@ -173,7 +151,7 @@ fn fork(
     checks: &mut Checks,
 ) {
     let count = n.to_string();
-    let cpu_before = cpu_s();
+    let cpu_before = crate::machine_cpu_s();
     let start = Instant::now();
     let out = c.belayer(&["fork", id, "--checkpoint", cp, "--count", &count]);
     let forks: Vec<String> = out.stdout.lines().map(str::to_string).collect();
@@ -183,7 +161,7 @@ fn fork(
         && ctrd::wait_status(c, &ids, "RUNNING", Duration::from_secs(120));
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu_before
-        .zip(cpu_s())
+        .zip(crate::machine_cpu_s())
         .map(|((busy0, steal0), (busy1, steal1))| (busy1 - busy0, steal1 - steal0));
     checks.record(
         "belayer",
