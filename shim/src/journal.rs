@@ -107,14 +107,15 @@ impl Journal {
             e.ended_unix_ms = Some(now_ms());
             e.exit_code = Some(exit_code);
             let line = serde_json::to_string(e).unwrap_or_default();
-            let _ = std::fs::create_dir_all(&self.dir);
-            if let Ok(mut f) = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.dir.join(format!("{}.jsonl", self.id)))
-            {
-                let _ = writeln!(f, "{line}");
-            }
+            let path = self.dir.join(format!("{}.jsonl", self.id));
+            let appended = std::fs::create_dir_all(&self.dir).and_then(|()| {
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)?;
+                writeln!(f, "{line}")
+            });
+            warn_unwritten(&path, appended);
         }
     }
 
@@ -129,10 +130,11 @@ impl Journal {
     /// Records that checkpoint `seq` captured the environment after `position` actions.
     pub fn checkpointed(&mut self, seq: u64, position: u64) {
         self.positions.insert(seq, position);
-        let _ = std::fs::create_dir_all(&self.dir);
-        let _ = std::fs::write(
-            self.dir.join(format!("{}.checkpoints.json", self.id)),
-            serde_json::to_vec(&self.positions).unwrap_or_default(),
+        let path = self.dir.join(format!("{}.checkpoints.json", self.id));
+        let bytes = serde_json::to_vec(&self.positions).unwrap_or_default();
+        warn_unwritten(
+            &path,
+            std::fs::create_dir_all(&self.dir).and_then(|()| std::fs::write(&path, bytes)),
         );
     }
 
@@ -155,7 +157,23 @@ impl Journal {
             .filter_map(|e| serde_json::to_string(e).ok())
             .map(|l| l + "\n")
             .collect();
-        let _ = std::fs::write(self.dir.join(format!("{}.jsonl", self.id)), text);
+        let path = self.dir.join(format!("{}.jsonl", self.id));
+        warn_unwritten(
+            &path,
+            std::fs::create_dir_all(&self.dir).and_then(|()| std::fs::write(&path, text)),
+        );
+    }
+}
+
+/// The journal in memory is the one the shim answers from; its file matters once the shim is
+/// gone. A write that failed (a full store disk) leaves the file behind the journal, so it is
+/// logged, naming the file, rather than failing the exec or checkpoint it records.
+fn warn_unwritten(path: &std::path::Path, written: std::io::Result<()>) {
+    if let Err(e) = written {
+        log::warn!(
+            "journal file {} not updated ({e}); it lags the journal in memory",
+            path.display()
+        );
     }
 }
 
