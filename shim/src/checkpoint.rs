@@ -626,38 +626,31 @@ impl Inner {
         Ok(pid)
     }
 
-    /// Starts a task created from runc's CRIU images (`images`; no Belayer checkpoint) as
-    /// containerd's runc shim would: its processes restored onto the task's own rootfs, the
-    /// snapshot containerd mounted and (for CRI) unpacked its diff into. `remove`: the directory
-    /// is containerd's to discard, and goes after the restore. From then on the container is a
-    /// Belayer container like any other (its first checkpoint captures that snapshot's upper).
+    /// Starts a task created from runc's CRIU images (no Belayer checkpoint) as containerd's
+    /// runc shim would: its processes restored onto the task's own rootfs, the snapshot
+    /// containerd mounted and (for CRI) unpacked its diff into. The images are dropped after the
+    /// restore, which removes them where they are containerd's to discard. From then on the
+    /// container is a Belayer container like any other (its first checkpoint captures that
+    /// snapshot's upper).
     pub async fn start_runc_restored(
         self: &Arc<Self>,
         c: &mut Container,
-        images: PathBuf,
-        remove: bool,
+        images: crate::export::RuncImages,
     ) -> Result<u32> {
         let started = Instant::now();
         let pid_file = c.bundle.join("init.pid");
         let runc_images = Images {
-            dir: images.clone(),
+            dir: images.dir.clone(),
             criu: criu_bridge::runc::CriuOptions::runc_shim(),
             label: "runc".into(),
             // CRI removes its copy of the images right after the start.
             lazy: false,
         };
-        let restored = self.restore_processes(c, runc_images, pid_file).await;
-        if remove && let Err(e) = std::fs::remove_dir_all(&images) {
-            log::warn!(
-                "remove {}, containerd's unpacked checkpoint: {e}",
-                images.display()
-            );
-        }
-        let pid = restored?;
+        let pid = self.restore_processes(c, runc_images, pid_file).await?;
         log::info!(
             "container {} restored from runc's CRIU images in {} at start in {:?}",
             c.id,
-            images.display(),
+            images.dir.display(),
             started.elapsed()
         );
         Ok(pid)

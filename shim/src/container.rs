@@ -60,9 +60,8 @@ pub struct Container {
 pub enum PendingRestore {
     /// A Belayer checkpoint, verified and leased.
     Belayer(Box<criu_bridge::Checkpoint>, criu_bridge::store::Lease),
-    /// runc's CRIU images alone, restored onto the task's own rootfs; `remove`: the directory
-    /// is containerd's to discard after.
-    Runc { images: PathBuf, remove: bool },
+    /// runc's CRIU images alone, restored onto the task's own rootfs.
+    Runc(crate::export::RuncImages),
 }
 
 /// What the next checkpoint captures and stacks on.
@@ -207,13 +206,8 @@ impl Container {
             crate::rootfs::unmount(rootfs);
         }
         self.lease = None;
-        if let Some(PendingRestore::Runc {
-            images,
-            remove: true,
-        }) = self.pending_restore.take()
-        {
-            let _ = std::fs::remove_dir_all(images);
-        }
+        // Runc images that are containerd's to discard go with it.
+        self.pending_restore = None;
         let _ = std::fs::remove_file(self.bundle.join("init.pid"));
         if let Some(dir) = &self.owned_upper {
             let _ = std::fs::remove_dir_all(dir);

@@ -221,10 +221,32 @@ pub enum Imported {
     /// A Belayer export, now in this node's store: the checkpoint to restore.
     Belayer(RestoreOptions),
     /// runc's checkpoint (`ctr task checkpoint` or Kubernetes' checkpoint of a container on
-    /// runc): CRIU images alone, in `images`, the filesystem being containerd's to bring (CRI
-    /// unpacks its `rootfs-diff.tar` into the task's rootfs). `remove`: the directory is
-    /// containerd's to discard after the restore.
-    Runc { images: PathBuf, remove: bool },
+    /// runc): CRIU images alone, the filesystem being containerd's to bring (CRI unpacks its
+    /// `rootfs-diff.tar` into the task's rootfs).
+    Runc(RuncImages),
+}
+
+/// A directory of runc's CRIU images that a create names. When it is containerd's to discard
+/// (`ctr`'s unpacked `ctrd-checkpoint*`, which containerd itself never removes) it goes when this
+/// is dropped: after the restore, or with a create or start that failed before it.
+#[derive(Debug)]
+pub struct RuncImages {
+    pub dir: PathBuf,
+    remove: bool,
+}
+
+impl Drop for RuncImages {
+    fn drop(&mut self) {
+        if self.remove
+            && let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            log::warn!(
+                "remove {}, containerd's unpacked checkpoint: {e}",
+                self.dir.display()
+            );
+        }
+    }
 }
 
 /// CRIU's first image, in every dump.
@@ -242,10 +264,10 @@ fn import(
     let archive = path.join(CHAIN_ARCHIVE);
     if !archive.is_file() {
         if path.join(CRIU_INVENTORY).is_file() {
-            return Ok(Imported::Runc {
-                images: path.to_path_buf(),
+            return Ok(Imported::Runc(RuncImages {
+                dir: path.to_path_buf(),
                 remove: how == Placing::Take,
-            });
+            }));
         }
         return Err(Error::InvalidArgument(format!(
             "{} holds no checkpoint: neither a Belayer one ({CHAIN_ARCHIVE}) nor CRIU images \
@@ -453,24 +475,28 @@ mod tests {
     }
 
     #[test]
-    fn runc_s_images_stay_where_they_are_for_the_start() {
+    fn runc_s_images_stay_where_they_are_for_the_start_and_go_only_when_containerd_s() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(CRIU_INVENTORY), b"criu").unwrap();
         let store = tempfile::tempdir().unwrap();
         let store = criu_bridge::Store::new(store.path());
+        // CRI's directory (linked) and any other (copied) stay after the images are dropped;
+        // ctr's own (taken) goes with them.
         for (how, remove) in [
-            (Placing::Take, true),
             (Placing::Link, false),
             (Placing::Copy, false),
+            (Placing::Take, true),
         ] {
             let found = import(&store, dir.path(), how, &criu_bridge::runc::StdSpawner).unwrap();
             assert!(
-                matches!(&found, Imported::Runc { images, remove: r }
-                    if images == dir.path() && *r == remove),
+                matches!(&found, Imported::Runc(images)
+                    if images.dir == dir.path() && images.remove == remove),
                 "{how:?}: {found:?}"
             );
+            assert!(dir.path().join(CRIU_INVENTORY).is_file(), "{how:?}");
+            drop(found);
+            assert_eq!(dir.path().exists(), !remove, "{how:?}");
         }
-        assert!(dir.path().join(CRIU_INVENTORY).is_file());
         assert_eq!(std::fs::read_dir(store.root()).unwrap().count(), 0);
     }
 

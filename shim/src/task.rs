@@ -256,8 +256,8 @@ impl Inner {
                 }
                 0
             }
-            Some(Imported::Runc { images, remove }) => {
-                c.pending_restore = Some(PendingRestore::Runc { images, remove });
+            Some(Imported::Runc(images)) => {
+                c.pending_restore = Some(PendingRestore::Runc(images));
                 0
             }
             None => {
@@ -329,8 +329,8 @@ impl Inner {
                 Some(PendingRestore::Belayer(cp, lease)) => {
                     self.start_restored(&mut c, *cp, lease).await?;
                 }
-                Some(PendingRestore::Runc { images, remove }) => {
-                    self.start_runc_restored(&mut c, images, remove).await?;
+                Some(PendingRestore::Runc(images)) => {
+                    self.start_runc_restored(&mut c, images).await?;
                 }
                 None => {
                     self.runc.start(&req.id).await?;
