@@ -38,6 +38,13 @@ pub fn machine_cpu_s() -> Option<(f64, f64)> {
     (hz > 0).then(|| (secs(user + nice + system + irq + softirq), secs(steal)))
 }
 
+/// The machine's busy and stolen CPU seconds since `before` (a [`machine_cpu_s`] reading).
+pub fn machine_cpu_since(before: Option<(f64, f64)>) -> Option<(f64, f64)> {
+    before
+        .zip(machine_cpu_s())
+        .map(|((busy0, steal0), (busy1, steal1))| (busy1 - busy0, steal1 - steal0))
+}
+
 /// Sends `signal` to process `pid`: a sandbox's init (the failure a test injects), a leftover
 /// daemon, one a test stops and continues. A pid below 1 is refused: kill(2) reads 0 as "my
 /// process group" and -1 as "every process I may signal", so a pid parsed from a status line that

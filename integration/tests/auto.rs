@@ -105,9 +105,7 @@ fn agent_loop(
         });
     }
     let wall = start.elapsed();
-    let cpu = cpu_before
-        .zip(belayer_integration::machine_cpu_s())
-        .map(|((busy0, steal0), (busy1, steal1))| (busy1 - busy0, steal1 - steal0));
+    let cpu = belayer_integration::machine_cpu_since(cpu_before);
     (wall, times, Cpu(cpu))
 }
 

@@ -160,9 +160,7 @@ fn fork(
         && forks.len() == n as usize
         && ctrd::wait_status(c, &ids, "RUNNING", Duration::from_secs(120));
     let secs = start.elapsed().as_secs_f64();
-    let cpu = cpu_before
-        .zip(crate::machine_cpu_s())
-        .map(|((busy0, steal0), (busy1, steal1))| (busy1 - busy0, steal1 - steal0));
+    let cpu = crate::machine_cpu_since(cpu_before);
     checks.record(
         "belayer",
         run,
