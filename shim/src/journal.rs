@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
@@ -38,6 +38,11 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Suffix of a container's journal file of entries, one a line.
+const ENTRIES: &str = ".jsonl";
+/// Suffix of a container's journal file of checkpoint positions.
+const POSITIONS: &str = ".checkpoints.json";
+
 /// A container's journal, in memory and on disk.
 pub struct Journal {
     dir: PathBuf,
@@ -50,21 +55,22 @@ pub struct Journal {
 impl Journal {
     /// Opens (or starts) the journal of container `id` under `dir`.
     pub fn open(dir: PathBuf, id: &str) -> Self {
-        let entries = std::fs::read_to_string(dir.join(format!("{id}.jsonl")))
+        let mut j = Self {
+            dir,
+            id: id.to_string(),
+            entries: Vec::new(),
+            positions: BTreeMap::new(),
+        };
+        j.entries = std::fs::read_to_string(j.file(ENTRIES))
             .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect();
-        let positions = std::fs::read(dir.join(format!("{id}.checkpoints.json")))
+        j.positions = std::fs::read(j.file(POSITIONS))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
             .unwrap_or_default();
-        Self {
-            dir,
-            id: id.to_string(),
-            entries,
-            positions,
-        }
+        j
     }
 
     /// Records the start of an exec; returns its index.
@@ -107,15 +113,13 @@ impl Journal {
             e.ended_unix_ms = Some(now_ms());
             e.exit_code = Some(exit_code);
             let line = serde_json::to_string(e).unwrap_or_default();
-            let path = self.dir.join(format!("{}.jsonl", self.id));
-            let appended = std::fs::create_dir_all(&self.dir).and_then(|()| {
+            self.persist(ENTRIES, |path| {
                 let mut f = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
-                    .open(&path)?;
+                    .open(path)?;
                 writeln!(f, "{line}")
             });
-            warn_unwritten(&path, appended);
         }
     }
 
@@ -130,12 +134,8 @@ impl Journal {
     /// Records that checkpoint `seq` captured the environment after `position` actions.
     pub fn checkpointed(&mut self, seq: u64, position: u64) {
         self.positions.insert(seq, position);
-        let path = self.dir.join(format!("{}.checkpoints.json", self.id));
         let bytes = serde_json::to_vec(&self.positions).unwrap_or_default();
-        warn_unwritten(
-            &path,
-            std::fs::create_dir_all(&self.dir).and_then(|()| std::fs::write(&path, bytes)),
-        );
+        self.persist(POSITIONS, |path| std::fs::write(path, bytes));
     }
 
     /// The actions after position `k`, which a restore to `k` undid.
@@ -157,23 +157,26 @@ impl Journal {
             .filter_map(|e| serde_json::to_string(e).ok())
             .map(|l| l + "\n")
             .collect();
-        let path = self.dir.join(format!("{}.jsonl", self.id));
-        warn_unwritten(
-            &path,
-            std::fs::create_dir_all(&self.dir).and_then(|()| std::fs::write(&path, text)),
-        );
+        self.persist(ENTRIES, |path| std::fs::write(path, text));
     }
-}
 
-/// The journal in memory is the one the shim answers from; its file matters once the shim is
-/// gone. A write that failed (a full store disk) leaves the file behind the journal, so it is
-/// logged, naming the file, rather than failing the exec or checkpoint it records.
-fn warn_unwritten(path: &std::path::Path, written: std::io::Result<()>) {
-    if let Err(e) = written {
-        log::warn!(
-            "journal file {} not updated ({e}); it lags the journal in memory",
-            path.display()
-        );
+    /// Path of this container's journal file `suffix` ([`ENTRIES`] or [`POSITIONS`]).
+    fn file(&self, suffix: &str) -> PathBuf {
+        self.dir.join(format!("{}{suffix}", self.id))
+    }
+
+    /// Writes journal file `suffix` with `write`. The journal in memory is the one the shim
+    /// answers from; its files matter once the shim is gone. A write that failed (a full store
+    /// disk) leaves the file behind the journal, so it is logged, naming the file, rather than
+    /// failing the exec or checkpoint it records.
+    fn persist(&self, suffix: &str, write: impl FnOnce(&Path) -> std::io::Result<()>) {
+        let path = self.file(suffix);
+        if let Err(e) = std::fs::create_dir_all(&self.dir).and_then(|()| write(&path)) {
+            log::warn!(
+                "journal file {} not updated ({e}); it lags the journal in memory",
+                path.display()
+            );
+        }
     }
 }
 
