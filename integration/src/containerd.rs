@@ -316,6 +316,14 @@ impl Containerd {
         }
     }
 
+    /// The lines of containerd's log (its shims' logs among them) that mention `needle`, the
+    /// last `n` of them: what a failing test shows of what the daemons said about a container.
+    pub fn log_lines(&self, needle: &str, n: usize) -> String {
+        let log = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().filter(|l| l.contains(needle)).collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
     /// containerd's `$TMPDIR` (its shims inherit it).
     pub fn tmp_dir(&self) -> PathBuf {
         self.dir.join("tmp")

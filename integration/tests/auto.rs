@@ -1,7 +1,8 @@
 //! Automatic mode on a 12-turn agent episode with simulated LLM gaps of 1–3 s: checkpoints land
 //! in the gaps (the episode takes no longer than under runc-v2: within 2 % over two runs of each,
 //! interleaved), and a sandbox killed mid-episode comes back at its newest checkpoint with the
-//! journal position reported.
+//! journal position reported; one killed while a checkpoint is being taken comes back too, and
+//! the execs sent meanwhile wait for it.
 
 mod common;
 
@@ -396,4 +397,103 @@ fn retention_keeps_a_checkpoint_a_running_fork_stacks_on() {
         checkpoints()
     );
     remove(&c, "kept");
+}
+
+/// A sandbox whose init is killed while a checkpoint of it is being taken is recovered once that
+/// checkpoint has ended (failed, or listed and then the newest), and an exec sent right after the
+/// kill waits for the recovery instead of meeting a dead container. In CI, mini-swe-agent's
+/// sandbox was lost this way: its init was killed during the automatic checkpoint after an
+/// action, the recovery gave up with "already in progress", and every later action failed.
+#[test]
+fn a_crash_during_a_checkpoint_is_recovered_and_execs_wait_for_it() {
+    let _machine = machine_shared();
+    let c = Containerd::start(Flavor::V2);
+    let id = "crash-mid";
+    let s = Sandbox::start_annotated(&c, BELAYER, id, &["io.belayer.recover=auto"]);
+    // The memory holder makes the dump long enough to be caught in the act.
+    s.run(&episode::actions(256));
+    let marker = |text: &str| {
+        let out = s.exec(&format!("echo {text} > /work/marker"), None);
+        assert_eq!(out.code, 0, "{out:?}");
+    };
+    marker("one");
+    c.belayer(&["checkpoint", id]).ok();
+    marker("two");
+    let second = c
+        .belayer_cmd(&["checkpoint", id])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn belayer checkpoint");
+    // Kill the init once CRIU has begun writing the second checkpoint's images.
+    let dir = c.checkpoints_dir(id);
+    let dumping = || {
+        std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| {
+                e.file_name().to_string_lossy().starts_with(".tmp-2-")
+                    && std::fs::read_dir(e.path().join("criu"))
+                        .is_ok_and(|mut images| images.next().is_some())
+            })
+    };
+    assert!(
+        wait_until(Duration::from_secs(30), dumping),
+        "the second checkpoint never started dumping"
+    );
+    let pid: i32 = task_pid(&c, id).parse().expect("pid");
+    belayer_integration::sigkill(pid.into()).expect("SIGKILL the sandbox's init");
+    let after_kill = s.exec("cat /work/marker", None);
+    let second = second.wait_with_output().expect("belayer checkpoint");
+    let status: serde_json::Value =
+        serde_json::from_str(&c.belayer(&["status", id]).ok().stdout).expect("status JSON");
+    let listed: Vec<String> = c
+        .belayer(&["checkpoints", id])
+        .stdout
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let context = format!(
+        "second checkpoint: {second:?}\nstatus: {status}\nlisted: {listed:?}\ncontainerd's log:\n{}",
+        c.log_lines(id, 30)
+    );
+    println!("{context}");
+    // The second checkpoint either made it whole or failed with one line naming the container.
+    if second.status.success() {
+        assert_eq!(listed, ["1", "2"], "{context}");
+    } else {
+        let err = String::from_utf8_lossy(&second.stderr);
+        assert!(
+            err.trim().lines().count() == 1 && err.contains(id),
+            "{context}"
+        );
+        assert_eq!(listed, ["1"], "a partial checkpoint is listed: {context}");
+    }
+    let recoveries = status["recoveries"].as_array().cloned().unwrap_or_default();
+    assert_eq!(recoveries.len(), 1, "{context}");
+    let newest = listed.last().expect("a checkpoint");
+    assert_eq!(
+        recoveries[0]["position"]["checkpoint"].as_str(),
+        Some(newest.as_str()),
+        "not recovered from the newest checkpoint: {context}"
+    );
+    // The exec sent as the init died ran in the recovered sandbox.
+    let expected = if newest == "2" { "two\n" } else { "one\n" };
+    assert_eq!(after_kill.code, 0, "{after_kill:?}\n{context}");
+    assert_eq!(after_kill.stdout, expected, "{context}");
+    assert_eq!(task_status(&c, id), "RUNNING");
+    let (now, at_start) = s.holder_digests();
+    assert_eq!(
+        now, at_start,
+        "the holder's memory changed across the recovery"
+    );
+    let leftovers: Vec<String> = std::fs::read_dir(&dir)
+        .expect("the container's checkpoints")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "left in the store: {leftovers:?}");
+    remove(&c, id);
 }

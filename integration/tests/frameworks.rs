@@ -45,9 +45,21 @@ fn driver(d: &Docker, script: &str, scratch: &Path) -> Command {
 }
 
 /// Waits for `child` (at most `limit`), then returns its report file as JSON; fails with the
-/// driver's output otherwise.
+/// driver's output and whatever report it wrote otherwise.
 #[track_caller]
-fn finish(mut child: Child, limit: Duration, report: &Path, log: &Path) -> serde_json::Value {
+fn finish(child: Child, limit: Duration, report: &Path, log: &Path) -> serde_json::Value {
+    finish_or(child, limit, report, log, String::new)
+}
+
+/// [`finish`], with `context` (say, the shim's view of the sandbox) added to a failure's message.
+#[track_caller]
+fn finish_or(
+    mut child: Child,
+    limit: Duration,
+    report: &Path,
+    log: &Path,
+    context: impl Fn() -> String,
+) -> serde_json::Value {
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().expect("wait driver") {
@@ -57,8 +69,9 @@ fn finish(mut child: Child, limit: Duration, report: &Path, log: &Path) -> serde
             let _ = child.kill();
             let _ = child.wait();
             panic!(
-                "driver still running after {limit:?}; its log:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
+                "driver still running after {limit:?}; its log:\n{}\n{}",
+                std::fs::read_to_string(log).unwrap_or_default(),
+                context()
             );
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -66,8 +79,9 @@ fn finish(mut child: Child, limit: Duration, report: &Path, log: &Path) -> serde
     let text = std::fs::read_to_string(report).unwrap_or_default();
     assert!(
         status.success() && !text.is_empty(),
-        "driver failed ({status}); its log:\n{}",
-        std::fs::read_to_string(log).unwrap_or_default()
+        "driver failed ({status}); its log:\n{}\nits report:\n{text}\n{}",
+        std::fs::read_to_string(log).unwrap_or_default(),
+        context()
     );
     serde_json::from_str(&text).expect("driver report is JSON")
 }
@@ -204,7 +218,17 @@ fn mini_swe_agent_finishes_its_task_through_a_sandbox_crash() {
         .parse::<i32>()
         .expect("init pid");
     belayer_integration::sigkill(pid.into()).expect("SIGKILL the sandbox's init");
-    let belayer = finish(child, Duration::from_secs(240), &report, &log);
+    let belayer = finish_or(child, Duration::from_secs(240), &report, &log, || {
+        let (journal, status) = (moby(&["journal", &id]), moby(&["status", &id]));
+        format!(
+            "the shim's journal:\n{}{}\nits status:\n{}{}\ncontainerd's log on it:\n{}",
+            journal.stdout,
+            journal.stderr,
+            status.stdout,
+            status.stderr,
+            c.log_lines(&id, 60)
+        )
+    });
 
     assert_eq!(belayer["runtime"], BELAYER, "{belayer}");
     assert_eq!(belayer["exit_status"], "Submitted", "{belayer}");

@@ -388,25 +388,27 @@ impl Inner {
     }
 
     /// Restores `id` after its init died on its own; `None` when recovery is off or impossible.
+    /// A checkpoint or restore under way is waited for (one taken as the init died fails, or
+    /// is the newest to recover from).
     pub async fn recover(self: &Arc<Self>, id: &str, exit_status: u32) -> Option<Recovery> {
-        {
-            let shared = self.get(id).ok()?;
-            let c = shared.lock().await;
-            if !c.policy.recover || c.killed {
-                return None;
-            }
+        let shared = self.get(id).ok()?;
+        let wanted = |c: &Container| c.policy.recover && !c.killed;
+        if !wanted(&*shared.lock().await) {
+            return None;
         }
-        if self
-            .store()
-            .list(&self.namespace, id)
-            .map(|l| l.is_empty())
-            .unwrap_or(true)
+        let busy = crate::checkpoint::Busy::when_free(&shared).await;
+        // containerd may have killed it meanwhile.
+        if !wanted(&*shared.lock().await)
+            || self
+                .store()
+                .list(&self.namespace, id)
+                .map(|l| l.is_empty())
+                .unwrap_or(true)
         {
             return None;
         }
-        match self.restore(id, None).await {
+        match self.restore_busy(&shared, busy, id, None).await {
             Ok(restore) => {
-                let shared = self.get(id).ok()?;
                 let mut c = shared.lock().await;
                 let rec = Recovery {
                     at_unix_ms: std::time::SystemTime::now()

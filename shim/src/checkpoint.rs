@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use containerd_shim::protos::api::Status;
@@ -27,29 +26,34 @@ pub const COMPACT_CHAIN_AT: usize = 16;
 const LAZY_FILL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Marks a container busy with a checkpoint or restore for as long as it lives.
-pub struct Busy(Arc<std::sync::atomic::AtomicBool>);
+pub struct Busy {
+    _held: tokio::sync::OwnedMutexGuard<()>,
+}
 
 impl Busy {
-    /// Marks `shared` busy, failing at once if it is busy or locked (a checkpoint or restore in
-    /// its frozen window holds the lock).
-    pub fn now(shared: &tokio::sync::Mutex<Container>, id: &str) -> Result<Self> {
-        let c = shared
-            .try_lock()
-            .map_err(|_| Error::InProgress(id.to_string()))?;
-        Self::take(&c)
+    /// Marks `shared` busy, failing if a checkpoint or restore of it is under way. Waits for
+    /// the container's lock: whoever holds it briefly (an exec starting, a state query) is no
+    /// reason to fail, and a checkpoint or restore that holds it (its frozen window) is still
+    /// busy after.
+    pub async fn now(shared: &tokio::sync::Mutex<Container>) -> Result<Self> {
+        Self::take(&*shared.lock().await)
     }
 
     pub fn take(c: &Container) -> Result<Self> {
-        if c.busy.swap(true, Ordering::AcqRel) {
-            return Err(Error::InProgress(c.id.clone()));
-        }
-        Ok(Self(c.busy.clone()))
+        c.busy
+            .clone()
+            .try_lock_owned()
+            .map(|_held| Self { _held })
+            .map_err(|_| Error::InProgress(c.id.clone()))
     }
-}
 
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Release);
+    /// Marks `shared` busy once the checkpoint or restore under way, if any, has ended: the
+    /// automatic recovery's wait, where an error would lose the container.
+    pub async fn when_free(shared: &tokio::sync::Mutex<Container>) -> Self {
+        let busy = shared.lock().await.busy.clone();
+        Self {
+            _held: busy.lock_owned().await,
+        }
     }
 }
 
@@ -126,7 +130,7 @@ impl Inner {
     /// restore already running is an error, not a wait.
     pub async fn checkpoint(self: &Arc<Self>, id: &str, exit: bool) -> Result<CheckpointInfo> {
         let shared = self.get(id)?;
-        let _busy = Busy::now(&shared, id)?;
+        let _busy = Busy::now(&shared).await?;
         // The busy flag keeps restores out, so no new fill can start meanwhile.
         self.settle_lazy_fill(&shared, id).await?;
         let c = shared.lock().await;
@@ -529,10 +533,23 @@ impl Inner {
     /// Restores container `id` in place from checkpoint `seq` (default: newest), whether its
     /// processes are alive or dead. Everything that can be checked is checked before the
     /// running container is touched.
+    ///
+    /// A checkpoint or restore already running is an error, not a wait.
     pub async fn restore(self: &Arc<Self>, id: &str, seq: Option<u64>) -> Result<RestoreInfo> {
-        let started = Instant::now();
         let shared = self.get(id)?;
-        let _busy = Busy::now(&shared, id)?;
+        let busy = Busy::now(&shared).await?;
+        self.restore_busy(&shared, busy, id, seq).await
+    }
+
+    /// [`Inner::restore`] for a caller that has marked the container busy.
+    pub async fn restore_busy(
+        self: &Arc<Self>,
+        shared: &tokio::sync::Mutex<Container>,
+        _busy: Busy,
+        id: &str,
+        seq: Option<u64>,
+    ) -> Result<RestoreInfo> {
+        let started = Instant::now();
         let mut c = shared.lock().await;
         let ns = self.namespace.clone();
         let (cp, lease, verify_ms) = self.load_verified(&ns, id, seq, id).await?;

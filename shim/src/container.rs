@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use containerd_shim::protos::api::Status;
 use log::warn;
@@ -31,8 +30,12 @@ pub struct Container {
     pub execs: HashMap<String, Process>,
     /// The filesystem a checkpoint captures; found on first use.
     pub fs: Option<FsState>,
-    /// Set while a checkpoint or restore runs.
-    pub busy: Arc<AtomicBool>,
+    /// Held while a checkpoint or restore runs ([`crate::checkpoint::Busy`]).
+    pub busy: Arc<tokio::sync::Mutex<()>>,
+    /// Held from the moment the init is seen dead, in a container that recovers from crashes,
+    /// until its recovery has ended either way: an exec waits for it rather than meet a dead
+    /// container ([`Container::after_recovery`]).
+    pub recovery: Arc<tokio::sync::Mutex<()>>,
     /// What to restore at start instead of running the spec's process.
     pub pending_restore: Option<PendingRestore>,
     /// The lease on the checkpoints whose layers the mounted rootfs stacks on (dropped once it
@@ -130,9 +133,25 @@ impl Container {
             execs: HashMap::new(),
             fs: None,
             busy: Arc::default(),
+            recovery: Arc::default(),
             pending_restore: None,
             lease: None,
             owned_upper: None,
+        }
+    }
+
+    /// Locks `shared` once no recovery of its init is under way.
+    pub async fn after_recovery(
+        shared: &tokio::sync::Mutex<Self>,
+    ) -> tokio::sync::MutexGuard<'_, Self> {
+        loop {
+            let c = shared.lock().await;
+            let gate = c.recovery.clone();
+            if gate.try_lock().is_ok() {
+                return c;
+            }
+            drop(c);
+            drop(gate.lock().await);
         }
     }
 

@@ -129,14 +129,24 @@ impl Inner {
         tokio::spawn(async move {
             let code = exited.await.unwrap_or(255);
             let Ok(c) = inner.get(&id) else { return };
-            // A process replaced by a restore is no longer the one this exit is about.
-            let pio = c
-                .lock()
-                .await
-                .process_mut(&exec_id)
-                .ok()
-                .filter(|p| p.pid == pid)
-                .and_then(|p| p.io.take());
+            let (pio, _recovering) = {
+                let mut guard = c.lock().await;
+                // Execs wait from here until the recovery has ended, either way (this task's
+                // end): in between, the container's processes are dead.
+                let recovering = (exec_id.is_empty()
+                    && guard.init.pid == pid
+                    && guard.policy.recover
+                    && !guard.killed)
+                    .then(|| guard.recovery.clone().try_lock_owned().ok())
+                    .flatten();
+                // A process replaced by a restore is no longer the one this exit is about.
+                let pio = guard
+                    .process_mut(&exec_id)
+                    .ok()
+                    .filter(|p| p.pid == pid)
+                    .and_then(|p| p.io.take());
+                (pio, recovering)
+            };
             // Held until a recovery has opened the streams again, or no recovery comes.
             let outputs = match pio {
                 Some(mut pio) => pio.drained(DRAIN_LIMIT).await,
@@ -317,7 +327,7 @@ impl Inner {
 
     async fn start(self: &Arc<Self>, req: StartRequest) -> Result<StartResponse> {
         let shared = self.get(&req.id)?;
-        let mut c = shared.lock().await;
+        let mut c = Container::after_recovery(&shared).await;
         if req.exec_id.is_empty() {
             if c.init.status != Status::CREATED {
                 return Err(Error::FailedPrecondition(format!(
@@ -398,7 +408,7 @@ impl Inner {
 
     async fn exec(&self, req: ExecProcessRequest) -> Result<()> {
         let shared = self.get(&req.id)?;
-        let mut c = shared.lock().await;
+        let mut c = Container::after_recovery(&shared).await;
         if c.execs.contains_key(&req.exec_id) {
             return Err(Error::AlreadyExists(format!("exec {}", req.exec_id)));
         }

@@ -5,7 +5,8 @@ mini-swe-agent's default; nothing else about the framework is changed. Between a
 "thinks" for --gap seconds (its `/sleep` test action), the bubble in which a real LLM generates.
 
 Writes the sandbox's container id to --id-file as soon as it exists, and a JSON report to --out:
-exit status, submission (the repository's final state), each action's return code and times.
+exit status, submission (the repository's final state), each action's return code, times and
+output. A run that stops with an error writes the report too, then exits non-zero.
 """
 
 import argparse
@@ -91,7 +92,11 @@ def main() -> None:
         step_limit=0,
         cost_limit=0,
     )
-    result = agent.run(task="make add() add")
+    try:
+        result = agent.run(task="make add() add")
+        error = None
+    except Exception as e:  # the report still tells what each action answered
+        result, error = {}, f"{type(e).__name__}: {e}"
     codes = [
         m["extra"].get("returncode")
         for m in agent.messages
@@ -101,6 +106,7 @@ def main() -> None:
         "container": env.container_id,
         "runtime": runtime,
         "exit_status": result.get("exit_status"),
+        "error": error,
         "submission": result.get("submission"),
         "returncodes": codes,
         "exec_times": times,
@@ -109,6 +115,8 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     env.cleanup()
+    if error:
+        raise SystemExit(f"mini-swe-agent stopped: {error}; the report is in {args.out}")
 
 
 if __name__ == "__main__":
