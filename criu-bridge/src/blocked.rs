@@ -114,6 +114,12 @@ fn find(proc: &Path, init: i32, pred: impl Fn(char, &str) -> bool) -> Option<Blo
     None
 }
 
+/// The state letter of task `pid` (`R`, `S`, `D`, `Z`, …); `None` once it is gone.
+pub fn task_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat).map(|(_, state)| state)
+}
+
 /// Command name and state of a `/proc/<pid>/stat` line. The name is in parentheses and may
 /// itself hold spaces and parentheses: it ends at the last `)`.
 fn parse_stat(stat: &str) -> Option<(&str, char)> {
@@ -136,6 +142,27 @@ mod tests {
         );
         assert_eq!(parse_stat("7 (sh) S 1"), Some(("sh", 'S')));
         assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn a_dead_child_is_a_zombie_until_reaped_then_gone() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        let start = std::time::Instant::now();
+        while task_state(pid) != Some('Z') {
+            assert!(
+                start.elapsed().as_secs() < 10,
+                "{pid}: {:?}",
+                task_state(pid)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        child.wait().unwrap();
+        assert_eq!(task_state(pid), None);
+        assert!(matches!(
+            task_state(std::process::id() as i32),
+            Some('R' | 'S')
+        ));
     }
 
     /// A fake /proc: pid 1 (thread 1) with child 5 (threads 5 and 6); thread 6 has `state6`

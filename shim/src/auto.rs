@@ -396,7 +396,7 @@ impl Inner {
         if !wanted(&*shared.lock().await) {
             return None;
         }
-        let busy = crate::checkpoint::Busy::when_free(&shared).await;
+        let busy = self.busy(id).ok()?.when_free().await;
         // containerd may have killed it meanwhile.
         if !wanted(&*shared.lock().await)
             || self

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use containerd_shim::protos::api::Status;
@@ -25,35 +26,54 @@ pub const COMPACT_CHAIN_AT: usize = 16;
 /// How long a checkpoint waits for the memory fill of a lazy restore to finish.
 const LAZY_FILL_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// Whether a checkpoint or restore of a container is under way, and whether it is the shim's
+/// own (an automatic checkpoint, a recovery), which a request waits for rather than fail on.
+/// Read without the container's lock, which a restore holds for as long as it runs.
+#[derive(Clone, Default)]
+pub struct BusySlot {
+    held: Arc<tokio::sync::Mutex<()>>,
+    /// Set by each taker once it holds `held`: who holds it now.
+    automatic: Arc<AtomicBool>,
+}
+
 /// Marks a container busy with a checkpoint or restore for as long as it lives.
 pub struct Busy {
     _held: tokio::sync::OwnedMutexGuard<()>,
 }
 
-impl Busy {
-    /// Marks `shared` busy, failing if a checkpoint or restore of it is under way. Waits for
-    /// the container's lock: whoever holds it briefly (an exec starting, a state query) is no
-    /// reason to fail, and a checkpoint or restore that holds it (its frozen window) is still
-    /// busy after.
-    pub async fn now(shared: &tokio::sync::Mutex<Container>) -> Result<Self> {
-        Self::take(&*shared.lock().await)
-    }
-
-    pub fn take(c: &Container) -> Result<Self> {
-        c.busy
-            .clone()
-            .try_lock_owned()
-            .map(|_held| Self { _held })
-            .map_err(|_| Error::InProgress(c.id.clone()))
-    }
-
-    /// Marks `shared` busy once the checkpoint or restore under way, if any, has ended: the
-    /// automatic recovery's wait, where an error would lose the container.
-    pub async fn when_free(shared: &tokio::sync::Mutex<Container>) -> Self {
-        let busy = shared.lock().await.busy.clone();
-        Self {
-            _held: busy.lock_owned().await,
+impl BusySlot {
+    /// For a request (the control API's checkpoint or restore of container `id`): another
+    /// request's checkpoint or restore under way is an error; the shim's own is waited for.
+    pub async fn request(&self, id: &str) -> Result<Busy> {
+        match self.try_take(false) {
+            Some(busy) => Ok(busy),
+            None if self.automatic.load(Ordering::Acquire) => Ok(self.take(false).await),
+            None => Err(Error::InProgress(id.to_string())),
         }
+    }
+
+    /// For the shim's own checkpoint of container `id`: now, or an error.
+    pub fn automatic(&self, id: &str) -> Result<Busy> {
+        self.try_take(true)
+            .ok_or_else(|| Error::InProgress(id.to_string()))
+    }
+
+    /// For the automatic recovery, where an error would lose the container: once whatever is
+    /// under way has ended.
+    pub async fn when_free(&self) -> Busy {
+        self.take(true).await
+    }
+
+    fn try_take(&self, automatic: bool) -> Option<Busy> {
+        let _held = self.held.clone().try_lock_owned().ok()?;
+        self.automatic.store(automatic, Ordering::Release);
+        Some(Busy { _held })
+    }
+
+    async fn take(&self, automatic: bool) -> Busy {
+        let _held = self.held.clone().lock_owned().await;
+        self.automatic.store(automatic, Ordering::Release);
+        Busy { _held }
     }
 }
 
@@ -127,10 +147,10 @@ impl Inner {
     }
 
     /// Checkpoints container `id` (processes and filesystem at one instant). A checkpoint or
-    /// restore already running is an error, not a wait.
+    /// restore that another request runs is an error, not a wait ([`BusySlot::request`]).
     pub async fn checkpoint(self: &Arc<Self>, id: &str, exit: bool) -> Result<CheckpointInfo> {
         let shared = self.get(id)?;
-        let _busy = Busy::now(&shared).await?;
+        let _busy = self.busy(id)?.request(id).await?;
         // The busy flag keeps restores out, so no new fill can start meanwhile.
         self.settle_lazy_fill(&shared, id).await?;
         let c = shared.lock().await;
@@ -144,7 +164,7 @@ impl Inner {
     pub async fn checkpoint_when_free(self: &Arc<Self>, id: &str) -> Result<CheckpointInfo> {
         let shared = self.get(id)?;
         let c = shared.lock().await;
-        let _busy = Busy::take(&c)?;
+        let _busy = c.busy.automatic(id)?;
         self.checkpoint_locked(&shared, c, id, false, true).await
     }
 
@@ -534,10 +554,11 @@ impl Inner {
     /// processes are alive or dead. Everything that can be checked is checked before the
     /// running container is touched.
     ///
-    /// A checkpoint or restore already running is an error, not a wait.
+    /// A checkpoint or restore that another request runs is an error, not a wait
+    /// ([`BusySlot::request`]).
     pub async fn restore(self: &Arc<Self>, id: &str, seq: Option<u64>) -> Result<RestoreInfo> {
         let shared = self.get(id)?;
-        let busy = Busy::now(&shared).await?;
+        let busy = self.busy(id)?.request(id).await?;
         self.restore_busy(&shared, busy, id, seq).await
     }
 

@@ -14,6 +14,10 @@ use crate::process::Process;
 use crate::runc::{Runc, StartOpts};
 use crate::stdio::{PendingIo, ProcessIo, StdioPaths};
 
+/// How long an exec waits for the shim to see an init's death it has not seen yet (then it goes
+/// on, and meets the dead container).
+const UNSEEN_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub struct Container {
     pub id: String,
     pub bundle: PathBuf,
@@ -30,8 +34,9 @@ pub struct Container {
     pub execs: HashMap<String, Process>,
     /// The filesystem a checkpoint captures; found on first use.
     pub fs: Option<FsState>,
-    /// Held while a checkpoint or restore runs ([`crate::checkpoint::Busy`]).
-    pub busy: Arc<tokio::sync::Mutex<()>>,
+    /// Whether a checkpoint or restore runs; the shim's table holds it too, for callers
+    /// without the container's lock ([`crate::checkpoint::BusySlot`]).
+    pub busy: crate::checkpoint::BusySlot,
     /// Held from the moment the init is seen dead, in a container that recovers from crashes,
     /// until its recovery has ended either way: an exec waits for it rather than meet a dead
     /// container ([`Container::after_recovery`]).
@@ -132,7 +137,7 @@ impl Container {
             init,
             execs: HashMap::new(),
             fs: None,
-            busy: Arc::default(),
+            busy: Default::default(),
             recovery: Arc::default(),
             pending_restore: None,
             lease: None,
@@ -140,19 +145,41 @@ impl Container {
         }
     }
 
-    /// Locks `shared` once no recovery of its init is under way.
+    /// Locks `shared` once no recovery of its init is under way, nor about to start: an init
+    /// that died before the shim saw it (its exit is on the way to the monitor) is waited for,
+    /// up to [`UNSEEN_EXIT_WAIT`].
     pub async fn after_recovery(
         shared: &tokio::sync::Mutex<Self>,
     ) -> tokio::sync::MutexGuard<'_, Self> {
+        let since = std::time::Instant::now();
         loop {
             let c = shared.lock().await;
             let gate = c.recovery.clone();
             if gate.try_lock().is_ok() {
-                return c;
+                if !c.init_died_unseen() || since.elapsed() > UNSEEN_EXIT_WAIT {
+                    return c;
+                }
+                drop(c);
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
             }
             drop(c);
             drop(gate.lock().await);
         }
+    }
+
+    /// Its init, in a container that recovers from crashes, is dead (a zombie, or reaped) but
+    /// not yet recorded. The death of an init that CRIU has seized (a checkpoint under way)
+    /// reaches the shim only once CRIU lets go of it.
+    fn init_died_unseen(&self) -> bool {
+        self.policy.recover
+            && !self.killed
+            && self.init.is_running()
+            && self.init.pid > 0
+            && matches!(
+                criu_bridge::blocked::task_state(self.init.pid as i32),
+                None | Some('Z' | 'X')
+            )
     }
 
     /// The filesystem state for a checkpoint, discovering the overlay on first use.

@@ -37,6 +37,13 @@ use crate::stdio::StdioPaths;
 
 type Shared = Arc<Mutex<Container>>;
 
+/// A container in the shim's table, and what can be asked of it without its lock.
+#[derive(Clone)]
+struct Entry {
+    container: Shared,
+    busy: crate::checkpoint::BusySlot,
+}
+
 /// How long State waits for a container that a checkpoint or restore holds before it answers
 /// with the last state it reported. containerd gives State 2 s; a checkpoint's frozen window on a
 /// loaded node, or one waiting for a lazy restore's memory fill, can hold the container longer,
@@ -49,7 +56,7 @@ pub struct Inner {
     pub namespace: String,
     pub runc: Runc,
     pub settings: crate::settings::Settings,
-    containers: std::sync::Mutex<HashMap<String, Shared>>,
+    containers: std::sync::Mutex<HashMap<String, Entry>>,
     /// The last State answered per (container, exec): the answer while a checkpoint or restore
     /// holds the container longer than [`STATE_WAIT`].
     last_states: std::sync::Mutex<HashMap<(String, String), StateResponse>>,
@@ -96,13 +103,22 @@ impl TaskService {
 }
 
 impl Inner {
-    pub fn get(&self, id: &str) -> Result<Shared> {
+    fn entry(&self, id: &str) -> Result<Entry> {
         self.containers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(id)
             .cloned()
             .ok_or_else(|| Error::ContainerNotFound(id.to_string()))
+    }
+
+    pub fn get(&self, id: &str) -> Result<Shared> {
+        self.entry(id).map(|e| e.container)
+    }
+
+    /// Whether a checkpoint or restore of container `id` is under way (see [`Container::busy`]).
+    pub fn busy(&self, id: &str) -> Result<crate::checkpoint::BusySlot> {
+        self.entry(id).map(|e| e.busy)
     }
 
     fn is_empty(&self) -> bool {
@@ -289,7 +305,13 @@ impl Inner {
         self.containers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(req.id.clone(), Arc::new(Mutex::new(c)));
+            .insert(
+                req.id.clone(),
+                Entry {
+                    busy: c.busy.clone(),
+                    container: Arc::new(Mutex::new(c)),
+                },
+            );
         if let Ok(c) = self.get(&req.id) {
             self.track(&*c.lock().await);
         }

@@ -107,14 +107,10 @@ fn start_sandbox(c: &Containerd, mode: Mode, id: &str) -> Result<(), String> {
     agent::setup(c, id)?;
     if mode == Mode::Belayer {
         // A first checkpoint, so a kill before the first automatic one is recoverable too (an
-        // automatic one may already be under way after the setup exec: then that one counts).
-        let end = Instant::now() + Duration::from_secs(60);
-        while c.belayer(&["checkpoints", id]).stdout.trim().is_empty() {
-            let out = c.belayer(&["checkpoint", id]);
-            if out.code != 0 && (!out.stderr.contains("in progress") || Instant::now() > end) {
-                return Err(format!("first checkpoint of {id}: {}", out.stderr.trim()));
-            }
-            std::thread::sleep(Duration::from_millis(200));
+        // automatic one under way after the setup exec is waited for).
+        let out = c.belayer(&["checkpoint", id]);
+        if out.code != 0 {
+            return Err(format!("first checkpoint of {id}: {}", out.stderr.trim()));
         }
     }
     Ok(())
