@@ -120,6 +120,42 @@ pub fn task_state(pid: i32) -> Option<char> {
     parse_stat(&stat).map(|(_, state)| state)
 }
 
+/// Task `pid` has died or is about to: gone, a zombie, exiting, or with a SIGKILL pending (a
+/// task killed while frozen dies only once thawed; an init that is exiting first waits for the
+/// rest of its PID namespace to die).
+pub fn is_dead(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    dead_or_dying(&stat, &status)
+}
+
+/// `PF_EXITING` in the flags of `/proc/<pid>/stat`: the task is in `do_exit`.
+const PF_EXITING: u64 = 0x4;
+
+/// [`is_dead`] on the text of `/proc/<pid>/stat` and `/proc/<pid>/status`.
+fn dead_or_dying(stat: &str, status: &str) -> bool {
+    if matches!(parse_stat(stat), Some((_, 'Z' | 'X'))) {
+        return true;
+    }
+    // After the name: state, ppid, pgrp, session, tty_nr, tpgid, flags.
+    let flags = stat
+        .rfind(')')
+        .and_then(|close| stat[close + 1..].split_whitespace().nth(6))
+        .and_then(|f| f.parse::<u64>().ok())
+        .unwrap_or(0);
+    let sigkill = 1u64 << (libc::SIGKILL - 1);
+    let pending = status.lines().any(|l| {
+        ["SigPnd:", "ShdPnd:"].iter().any(|key| {
+            l.strip_prefix(key)
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & sigkill != 0)
+        })
+    });
+    flags & PF_EXITING != 0 || pending
+}
+
 /// Command name and state of a `/proc/<pid>/stat` line. The name is in parentheses and may
 /// itself hold spaces and parentheses: it ends at the last `)`.
 fn parse_stat(stat: &str) -> Option<(&str, char)> {
@@ -150,6 +186,7 @@ mod tests {
         let pid = child.id() as i32;
         let start = std::time::Instant::now();
         while task_state(pid) != Some('Z') {
+            assert!(!is_dead(pid) || task_state(pid) == Some('Z'));
             assert!(
                 start.elapsed().as_secs() < 10,
                 "{pid}: {:?}",
@@ -157,12 +194,36 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+        assert!(is_dead(pid));
         child.wait().unwrap();
         assert_eq!(task_state(pid), None);
+        assert!(is_dead(pid));
         assert!(matches!(
             task_state(std::process::id() as i32),
             Some('R' | 'S')
         ));
+    }
+
+    #[test]
+    fn dying_is_told_from_the_flags_and_a_pending_sigkill() {
+        let stat = |state: char, flags: u64| format!("9 (sh (x)) {state} 1 9 9 0 -1 {flags} 0 0");
+        let status = |sig: &str, shd: &str| format!("Name:\tsh\nSigPnd:\t{sig}\nShdPnd:\t{shd}\n");
+        let none = status("0000000000000000", "0000000000000000");
+        assert!(!dead_or_dying(&stat('S', 0x400100), &none));
+        assert!(dead_or_dying(&stat('Z', 0), &none));
+        assert!(dead_or_dying(&stat('D', 0x400104), &none), "PF_EXITING");
+        let killed = status("0000000000000100", "0000000000000000");
+        assert!(
+            dead_or_dying(&stat('D', 0x400100), &killed),
+            "SIGKILL pending"
+        );
+        let shared = status("0000000000000000", "0000000000000100");
+        assert!(
+            dead_or_dying(&stat('S', 0), &shared),
+            "SIGKILL pending, shared"
+        );
+        let term = status("0000000000004000", "0000000000000000");
+        assert!(!dead_or_dying(&stat('S', 0), &term), "SIGTERM is no death");
     }
 
     /// A fake /proc: pid 1 (thread 1) with child 5 (threads 5 and 6); thread 6 has `state6`

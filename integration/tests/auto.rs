@@ -465,13 +465,14 @@ fn a_crash_during_a_checkpoint_is_recovered_and_execs_wait_for_it() {
         c.log_lines(id, 30)
     );
     println!("{context}");
-    // The second checkpoint either made it whole or failed with one line naming the container.
+    // The second checkpoint either made it whole or failed with one line saying why.
     if second.status.success() {
         assert_eq!(listed, ["1", "2"], "{context}");
     } else {
         let err = String::from_utf8_lossy(&second.stderr);
         assert!(
-            err.trim().lines().count() == 1 && err.contains(id),
+            err.trim().lines().count() == 1
+                && err.contains(&format!("container {id} died during the checkpoint")),
             "{context}"
         );
         assert_eq!(listed, ["1"], "a partial checkpoint is listed: {context}");

@@ -266,6 +266,7 @@ impl Inner {
             id.to_string(),
             c.bundle.clone(),
         );
+        let init_pid = c.init.pid as i32;
         let started = Instant::now();
         let (thawed_tx, thawed_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::task::spawn_blocking(move || {
@@ -299,9 +300,20 @@ impl Inner {
         let _ = thawed_rx.await;
         let frozen = started.elapsed();
         drop(c);
-        let cp = task
+        let cp = match task
             .await
-            .map_err(|e| Error::Checkpoint(format!("checkpoint task: {e}")))??;
+            .map_err(|e| Error::Checkpoint(format!("checkpoint task: {e}")))?
+        {
+            Ok(cp) => cp,
+            // The container died under the checkpoint (an exit-mode one ends it on purpose):
+            // say so, not only what CRIU said of the dead tasks it met.
+            Err(e) if !exit && criu_bridge::blocked::is_dead(init_pid) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "container {id} died during the checkpoint; nothing was kept ({e})"
+                )));
+            }
+            Err(e) => return Err(e),
+        };
         info!(
             "container {id} checkpoint {} taken in {:?} (container held {frozen:?})",
             cp.manifest.seq,

@@ -146,8 +146,7 @@ impl Container {
     }
 
     /// Locks `shared` once no recovery of its init is under way, nor about to start: an init
-    /// that died before the shim saw it (its exit is on the way to the monitor) is waited for,
-    /// up to [`UNSEEN_EXIT_WAIT`].
+    /// that died (or is dying) before the shim saw it is waited for, up to [`UNSEEN_EXIT_WAIT`].
     pub async fn after_recovery(
         shared: &tokio::sync::Mutex<Self>,
     ) -> tokio::sync::MutexGuard<'_, Self> {
@@ -168,18 +167,16 @@ impl Container {
         }
     }
 
-    /// Its init, in a container that recovers from crashes, is dead (a zombie, or reaped) but
-    /// not yet recorded. The death of an init that CRIU has seized (a checkpoint under way)
-    /// reaches the shim only once CRIU lets go of it.
+    /// Its init, in a container that recovers from crashes, is dead or dying
+    /// ([`criu_bridge::blocked::is_dead`]) but not yet recorded. The death of an init that CRIU
+    /// has seized (a checkpoint under way) reaches the shim only once CRIU lets go of it; one
+    /// killed while frozen dies at the thaw.
     fn init_died_unseen(&self) -> bool {
         self.policy.recover
             && !self.killed
             && self.init.is_running()
             && self.init.pid > 0
-            && matches!(
-                criu_bridge::blocked::task_state(self.init.pid as i32),
-                None | Some('Z' | 'X')
-            )
+            && criu_bridge::blocked::is_dead(self.init.pid as i32)
     }
 
     /// The filesystem state for a checkpoint, discovering the overlay on first use.
