@@ -3,6 +3,8 @@
 //! interleaved), and a sandbox killed mid-episode comes back at its newest checkpoint with the
 //! journal position reported; one killed while a checkpoint is being taken comes back too, and
 //! the execs sent meanwhile wait for it. A checkpoint asked for during an automatic one waits.
+//! An init that exits 0 is not recovered, a crash loop ends, and an exec that cannot start is
+//! journalled as ended.
 
 mod common;
 
@@ -557,6 +559,138 @@ fn a_checkpoint_asked_for_during_an_automatic_one_waits_for_it() {
         after.lines().count() >= before.lines().count() + 2,
         "the automatic checkpoint under way and the asked-for one are not both listed: before \
          {before:?}, after {after:?}"
+    );
+    assert_eq!(task_status(&c, id), "RUNNING");
+    remove(&c, id);
+}
+
+/// `belayer status` as JSON.
+fn status(c: &Containerd, id: &str) -> serde_json::Value {
+    serde_json::from_str(&c.belayer(&["status", id]).ok().stdout).expect("status JSON")
+}
+
+fn recoveries(c: &Containerd, id: &str) -> usize {
+    status(c, id)["recoveries"].as_array().map_or(0, Vec::len)
+}
+
+/// An init that exits 0 finished: it is not restored. An init that dies again each time it is
+/// restored from the same checkpoint is restored three times, then left dead, its exit reported.
+#[test]
+fn a_clean_exit_is_not_recovered_and_a_crash_loop_ends() {
+    let _machine = machine_shared();
+    let c = Containerd::start(Flavor::V2);
+
+    // The crash loop first: its sandbox imports the image.
+    let id = "crash-loop";
+    let s = Sandbox::start_annotated(&c, BELAYER, id, &["io.belayer.recover=auto"]);
+    c.belayer(&["checkpoint", id]).ok();
+    for kill in 1..=4 {
+        let pid: i32 = task_pid(&c, id).parse().expect("pid");
+        belayer_integration::sigkill(pid.into()).expect("SIGKILL the init");
+        let context = || {
+            format!(
+                "kill {kill}: task {}, status {}\n{}",
+                task_status(&c, id),
+                status(&c, id),
+                c.log_lines(id, 20)
+            )
+        };
+        if kill <= 3 {
+            assert!(
+                wait_until(Duration::from_secs(30), || recoveries(&c, id) == kill
+                    && task_status(&c, id) == "RUNNING"),
+                "not recovered: {}",
+                context()
+            );
+            let out = s.exec("true", None);
+            assert_eq!(out.code, 0, "{out:?}\n{}", context());
+        } else {
+            assert!(
+                wait_until(Duration::from_secs(30), || task_status(&c, id) == "STOPPED"),
+                "a crash loop went on: {}",
+                context()
+            );
+            assert_eq!(recoveries(&c, id), 3, "{}", context());
+            assert!(
+                c.log_lines(id, 20).contains("a crash loop"),
+                "the shim's log does not say why: {}",
+                context()
+            );
+        }
+    }
+    c.ctr(&["tasks", "rm", id]).ok();
+    c.ctr(&["containers", "rm", id]).ok();
+
+    let done = "exits-clean";
+    c.ctr(&[
+        "run",
+        "-d",
+        "--runtime",
+        BELAYER,
+        "--annotation",
+        "io.belayer.recover=auto",
+        belayer_integration::episode::SANDBOX,
+        done,
+        "sh",
+        "-c",
+        "while [ ! -e /stop ]; do sleep 0.05; done",
+    ])
+    .ok();
+    c.belayer(&["checkpoint", done]).ok();
+    let s = Sandbox::attach(&c, done);
+    let out = s.exec("touch /stop", None);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(
+        wait_until(Duration::from_secs(10), || task_status(&c, done)
+            == "STOPPED"),
+        "an init that exited 0 was not left stopped: {}, status {}\n{}",
+        task_status(&c, done),
+        status(&c, done),
+        c.log_lines(done, 10)
+    );
+    assert_eq!(recoveries(&c, done), 0, "{}", status(&c, done));
+    c.ctr(&["tasks", "rm", done]).ok();
+    c.ctr(&["containers", "rm", done]).ok();
+}
+
+/// An exec runc cannot start (no such binary) fails, and the journal records it as ended
+/// (exit 255) instead of waiting on it forever: later actions count, and automatic checkpoints
+/// go on.
+#[test]
+fn an_exec_that_cannot_start_is_journalled_as_ended() {
+    let _machine = machine_shared();
+    let c = Containerd::start(Flavor::V2);
+    let id = "no-binary";
+    let s = Sandbox::start_annotated(
+        &c,
+        BELAYER,
+        id,
+        &["io.belayer.checkpoint=auto", "io.belayer.keep=100"],
+    );
+    let before = status(&c, id)["actions"].as_u64().expect("actions");
+    let failed = c.ctr(&["tasks", "exec", "--exec-id", "nb", id, "/no/such/binary"]);
+    assert_ne!(failed.code, 0, "{failed:?}");
+    let out = s.exec("echo after > /after", None);
+    assert_eq!(out.code, 0, "{out:?}");
+    let st = status(&c, id);
+    assert_eq!(st["actions"].as_u64(), Some(before + 2), "{st}");
+    let journal = c.belayer(&["journal", id, "--json"]).ok().stdout;
+    let entry: serde_json::Value = journal
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["exec_id"] == "nb")
+        .unwrap_or_else(|| panic!("no journal entry for the failed exec:\n{journal}"));
+    assert_eq!(entry["exit_code"].as_u64(), Some(255), "{entry}");
+    // The scheduler heard the action end: the next gap gets a checkpoint.
+    let listed = || c.belayer(&["checkpoints", id]).stdout.lines().count();
+    let taken = listed();
+    c.belayer(&["hint", id, "llm-start", "--expected-ms", "5000"])
+        .ok();
+    assert!(
+        wait_until(Duration::from_secs(20), || listed() > taken),
+        "no automatic checkpoint after the failed exec: {}\n{}",
+        status(&c, id),
+        c.log_lines(id, 20)
     );
     assert_eq!(task_status(&c, id), "RUNNING");
     remove(&c, id);

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::RestoreInfo;
 use crate::container::Container;
 use crate::error::Result;
-use crate::task::Inner;
+use crate::task::{EXEC_NOT_STARTED, Inner};
 
 pub const CHECKPOINT_ANNOTATION: &str = "io.belayer.checkpoint";
 pub const RECOVER_ANNOTATION: &str = "io.belayer.recover";
@@ -22,6 +22,11 @@ pub const KEEP_ANNOTATION: &str = "io.belayer.keep";
 /// How soon an automatic checkpoint skipped for a task that could not be stopped is considered
 /// again.
 const BLOCKED_RETRY: Duration = Duration::from_millis(100);
+/// Recoveries in a row from one checkpoint, the first of them under [`CRASH_LOOP_WINDOW_MS`]
+/// ago, after which a death of the init is left alone: the checkpoint itself leads to the crash,
+/// and restoring it again would only repeat it.
+const CRASH_LOOP_RECOVERIES: usize = 3;
+const CRASH_LOOP_WINDOW_MS: u64 = 60_000;
 /// Topic of the event published when a container was recovered (a `TaskStart` with the new pid).
 pub const RECOVERED_TOPIC: &str = "/tasks/belayer/recovered";
 
@@ -374,7 +379,7 @@ impl Inner {
     async fn run_quiet(&self, c: &Container, exec_id: &str, spec: &[u8]) -> u32 {
         let path = c.exec_spec_path(exec_id);
         if std::fs::write(&path, spec).is_err() {
-            return 255;
+            return EXEC_NOT_STARTED;
         }
         let paths = crate::stdio::StdioPaths::default();
         let started =
@@ -383,37 +388,47 @@ impl Inner {
         let _ = std::fs::remove_file(&path);
         match started {
             Ok((pid, _io)) => crate::reaper::watch(pid as i32).await.unwrap_or(255) as u32,
-            Err(_) => 255,
+            Err(_) => EXEC_NOT_STARTED,
         }
     }
 
     /// Restores `id` after its init died on its own; `None` when recovery is off or impossible.
-    /// A checkpoint or restore under way is waited for (one taken as the init died fails, or
-    /// is the newest to recover from).
+    /// An init that exited 0 finished rather than crashed and is not restored, nor is one caught
+    /// in a crash loop ([`CRASH_LOOP_RECOVERIES`]). A checkpoint or restore under way is waited
+    /// for (one taken as the init died fails, or is the newest to recover from).
     pub async fn recover(self: &Arc<Self>, id: &str, exit_status: u32) -> Option<Recovery> {
         let shared = self.get(id).ok()?;
         let wanted = |c: &Container| c.policy.recover && !c.killed;
         if !wanted(&*shared.lock().await) {
             return None;
         }
-        let busy = self.busy(id).ok()?.when_free().await;
-        // containerd may have killed it meanwhile.
-        if !wanted(&*shared.lock().await)
-            || self
-                .store()
-                .list(&self.namespace, id)
-                .map(|l| l.is_empty())
-                .unwrap_or(true)
-        {
+        if exit_status == 0 {
+            info!("container {id}: init exited 0; a finished container is not recovered");
             return None;
         }
+        let busy = self.busy(id).ok()?.when_free().await;
+        // containerd may have killed it meanwhile.
+        let newest = self.store().list(&self.namespace, id).ok()?.last().copied();
+        let c = shared.lock().await;
+        let newest = newest.filter(|_| wanted(&c))?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        if let Some(first) = crash_loop(&c.recoveries, newest, now_ms) {
+            warn!(
+                "container {id}: init died (exit status {exit_status}) after {CRASH_LOOP_RECOVERIES} \
+                 recoveries from checkpoint {newest} in {:.1} s; not recovered again (a crash \
+                 loop): the task stops",
+                (now_ms - first) as f64 / 1000.0
+            );
+            return None;
+        }
+        drop(c);
         match self.restore_busy(&shared, busy, id, None).await {
             Ok(restore) => {
                 let mut c = shared.lock().await;
                 let rec = Recovery {
-                    at_unix_ms: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as u64),
+                    at_unix_ms: now_ms,
                     exit_status,
                     position: c.position.clone(),
                     restore,
@@ -458,5 +473,63 @@ impl Inner {
         let shared = self.get(id)?;
         let c = shared.lock().await;
         Ok(c.journal.entries.clone())
+    }
+}
+
+/// When the newest [`CRASH_LOOP_RECOVERIES`] recoveries all restored `checkpoint`, the first of
+/// them under [`CRASH_LOOP_WINDOW_MS`] before `now_ms`: that one's time.
+fn crash_loop(recoveries: &[Recovery], checkpoint: u64, now_ms: u64) -> Option<u64> {
+    let last = recoveries.get(recoveries.len().checked_sub(CRASH_LOOP_RECOVERIES)?..)?;
+    let first = last.first()?.at_unix_ms;
+    (last
+        .iter()
+        .all(|r| r.restore.checkpoint == checkpoint.to_string())
+        && now_ms.saturating_sub(first) < CRASH_LOOP_WINDOW_MS)
+        .then_some(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recovery(checkpoint: u64, at_unix_ms: u64) -> Recovery {
+        Recovery {
+            at_unix_ms,
+            exit_status: 137,
+            restore: RestoreInfo {
+                container: "c".into(),
+                checkpoint: checkpoint.to_string(),
+                pid: 1,
+                verify_ms: 0,
+                mount_ms: 0,
+                restore_ms: 0,
+                total_ms: 0,
+                lazy_pages: false,
+                position: None,
+            },
+            position: None,
+        }
+    }
+
+    #[test]
+    fn a_crash_loop_is_three_quick_recoveries_from_one_checkpoint() {
+        let quick = [recovery(4, 1_000), recovery(4, 2_000), recovery(4, 3_000)];
+        assert_eq!(crash_loop(&quick, 4, 4_000), Some(1_000));
+        // A newer checkpoint since: the crash may not be the checkpoint's.
+        assert_eq!(crash_loop(&quick, 5, 4_000), None);
+        // Two are not a loop yet.
+        assert_eq!(crash_loop(&quick[1..], 4, 4_000), None);
+        assert_eq!(crash_loop(&[], 4, 4_000), None);
+        // Spread over more than the window: crashes of their own.
+        assert_eq!(crash_loop(&quick, 4, 1_000 + CRASH_LOOP_WINDOW_MS), None);
+        // Only the newest ones count.
+        let mixed = [
+            recovery(3, 1_000),
+            recovery(4, 2_000),
+            recovery(4, 3_000),
+            recovery(4, 3_500),
+        ];
+        assert_eq!(crash_loop(&mixed, 4, 4_000), Some(2_000));
+        assert_eq!(crash_loop(&mixed[..3], 4, 4_000), None);
     }
 }

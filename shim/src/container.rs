@@ -171,7 +171,7 @@ impl Container {
     /// ([`criu_bridge::blocked::is_dead`]) but not yet recorded. The death of an init that CRIU
     /// has seized (a checkpoint under way) reaches the shim only once CRIU lets go of it; one
     /// killed while frozen dies at the thaw.
-    fn init_died_unseen(&self) -> bool {
+    pub fn init_died_unseen(&self) -> bool {
         self.policy.recover
             && !self.killed
             && self.init.is_running()

@@ -123,6 +123,13 @@ impl Journal {
         }
     }
 
+    /// Exec `exec_id` is journalled as started and not yet ended.
+    pub fn running(&self, exec_id: &str) -> bool {
+        self.entries
+            .iter()
+            .any(|e| e.exec_id == exec_id && e.exit_code.is_none())
+    }
+
     /// Actions completed so far (the journal position a checkpoint now would capture).
     pub fn completed(&self) -> u64 {
         self.entries

@@ -32,6 +32,9 @@ use crate::error::{Error, Result};
 use crate::export::Imported;
 use crate::process::{self, DRAIN_LIMIT, Exit, Process};
 use crate::reaper;
+
+/// The exit code journalled for an exec runc could not start (the replay of one meets it too).
+pub const EXEC_NOT_STARTED: u32 = 255;
 use crate::runc::Runc;
 use crate::stdio::StdioPaths;
 
@@ -395,17 +398,43 @@ impl Inner {
             )));
         };
         let paths = p.paths.clone();
-        self.exec_started(&mut c, &req.exec_id, &spec);
-        std::fs::write(&spec_path, spec)
-            .map_err(crate::error::io(format!("write {}", spec_path.display())))?;
-        let started =
-            container::spawn_process(&self.runc, &req.id, &c.bundle, &paths, Some(&spec_path))
-                .await;
-        let _ = std::fs::remove_file(&spec_path);
-        let _ = std::fs::remove_file(spec_path.with_extension("pid"));
-        let (pid, pio) = match started {
-            Ok(s) => s,
-            Err(e) => return Err(e),
+        let mut retried = false;
+        let (pid, pio) = loop {
+            if !c.journal.running(&req.exec_id) {
+                self.exec_started(&mut c, &req.exec_id, &spec);
+            }
+            std::fs::write(&spec_path, &spec)
+                .map_err(crate::error::io(format!("write {}", spec_path.display())))?;
+            let started =
+                container::spawn_process(&self.runc, &req.id, &c.bundle, &paths, Some(&spec_path))
+                    .await;
+            let _ = std::fs::remove_file(&spec_path);
+            let _ = std::fs::remove_file(spec_path.with_extension("pid"));
+            match started {
+                Ok(s) => break s,
+                // The init died between the wait for recovery above and runc's exec (which
+                // then meets a stopped container): wait again, once, and run it in the
+                // recovered container.
+                Err(e) if !retried && c.init_died_unseen() => {
+                    info!(
+                        "container {} exec {}: the init died as it started ({e}); waiting for \
+                         the recovery",
+                        req.id, req.exec_id
+                    );
+                    retried = true;
+                    drop(c);
+                    c = Container::after_recovery(&shared).await;
+                    if !c.init.is_running() {
+                        self.exec_exited(&mut c, &req.exec_id, EXEC_NOT_STARTED);
+                        return Err(e);
+                    }
+                }
+                Err(e) => {
+                    // The action ended without running: the journal and the scheduler hear so.
+                    self.exec_exited(&mut c, &req.exec_id, EXEC_NOT_STARTED);
+                    return Err(e);
+                }
+            }
         };
         let p = c.process_mut(&req.exec_id)?;
         p.pid = pid;
