@@ -179,7 +179,20 @@ impl Drop for ThawGuard<'_> {
         if self.armed
             && let Err(e) = self.runc.resume(self.id)
         {
-            tracing::warn!(container = self.id, error = %e, "cannot thaw after a failed checkpoint");
+            // A container that died during the checkpoint is not paused any more: nothing to
+            // thaw, and nothing wrong with the thaw.
+            match self.runc.state(self.id) {
+                Ok(state) if state.status != "paused" => tracing::info!(
+                    container = self.id,
+                    status = state.status,
+                    "not thawed after a failed checkpoint: the container is no longer paused"
+                ),
+                _ => tracing::warn!(
+                    container = self.id,
+                    error = %e,
+                    "cannot thaw after a failed checkpoint"
+                ),
+            }
         }
     }
 }
