@@ -454,8 +454,7 @@ fn a_crash_during_a_checkpoint_is_recovered_and_execs_wait_for_it() {
     belayer_integration::sigkill(pid.into()).expect("SIGKILL the sandbox's init");
     let after_kill = s.exec("cat /work/marker", None);
     let second = second.wait_with_output().expect("belayer checkpoint");
-    let status: serde_json::Value =
-        serde_json::from_str(&c.belayer(&["status", id]).ok().stdout).expect("status JSON");
+    let status = status(&c, id);
     let listed: Vec<String> = c
         .belayer(&["checkpoints", id])
         .stdout
@@ -562,11 +561,6 @@ fn a_checkpoint_asked_for_during_an_automatic_one_waits_for_it() {
     );
     assert_eq!(task_status(&c, id), "RUNNING");
     remove(&c, id);
-}
-
-/// `belayer status` as JSON.
-fn status(c: &Containerd, id: &str) -> serde_json::Value {
-    serde_json::from_str(&c.belayer(&["status", id]).ok().stdout).expect("status JSON")
 }
 
 fn recoveries(c: &Containerd, id: &str) -> usize {

@@ -302,8 +302,7 @@ fn journal_rewind_and_replay() {
     assert_eq!(journal.lines().count(), 3, "{journal}");
     let out = c.belayer(&["restore", "replay", "--checkpoint", &cp]).ok();
     assert_eq!(out.code, 0);
-    let status: serde_json::Value =
-        serde_json::from_str(&c.belayer(&["status", "replay"]).ok().stdout).unwrap();
+    let status = status(&c, "replay");
     let p = &status["position"];
     assert_eq!(
         p["reflects"],

@@ -265,3 +265,9 @@ pub fn assert_processes_intact(s: &Sandbox) {
         "the counter process does not continue"
     );
 }
+
+/// `belayer status` of container `id`, as JSON.
+#[track_caller]
+pub fn status(c: &Containerd, id: &str) -> serde_json::Value {
+    serde_json::from_str(&c.belayer(&["status", id]).ok().stdout).expect("status JSON")
+}

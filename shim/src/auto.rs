@@ -398,8 +398,7 @@ impl Inner {
     /// for (one taken as the init died fails, or is the newest to recover from).
     pub async fn recover(self: &Arc<Self>, id: &str, exit_status: u32) -> Option<Recovery> {
         let shared = self.get(id).ok()?;
-        let wanted = |c: &Container| c.policy.recover && !c.killed;
-        if !wanted(&*shared.lock().await) {
+        if !shared.lock().await.recovers() {
             return None;
         }
         if exit_status == 0 {
@@ -410,7 +409,7 @@ impl Inner {
         // containerd may have killed it meanwhile.
         let newest = self.store().list(&self.namespace, id).ok()?.last().copied();
         let c = shared.lock().await;
-        let newest = newest.filter(|_| wanted(&c))?;
+        let newest = newest.filter(|_| c.recovers())?;
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);

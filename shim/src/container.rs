@@ -167,13 +167,18 @@ impl Container {
         }
     }
 
+    /// A death of its init now would be recovered: recovery is on and containerd did not kill
+    /// it.
+    pub fn recovers(&self) -> bool {
+        self.policy.recover && !self.killed
+    }
+
     /// Its init, in a container that recovers from crashes, is dead or dying
     /// ([`criu_bridge::blocked::is_dead`]) but not yet recorded. The death of an init that CRIU
     /// has seized (a checkpoint under way) reaches the shim only once CRIU lets go of it; one
     /// killed while frozen dies at the thaw.
     pub fn init_died_unseen(&self) -> bool {
-        self.policy.recover
-            && !self.killed
+        self.recovers()
             && self.init.is_running()
             && self.init.pid > 0
             && criu_bridge::blocked::is_dead(self.init.pid as i32)

@@ -32,11 +32,11 @@ use crate::error::{Error, Result};
 use crate::export::Imported;
 use crate::process::{self, DRAIN_LIMIT, Exit, Process};
 use crate::reaper;
+use crate::runc::Runc;
+use crate::stdio::StdioPaths;
 
 /// The exit code journalled for an exec runc could not start (the replay of one meets it too).
 pub const EXEC_NOT_STARTED: u32 = 255;
-use crate::runc::Runc;
-use crate::stdio::StdioPaths;
 
 type Shared = Arc<Mutex<Container>>;
 
@@ -152,10 +152,7 @@ impl Inner {
                 let mut guard = c.lock().await;
                 // Execs wait from here until the recovery has ended, either way (this task's
                 // end): in between, the container's processes are dead.
-                let recovering = (exec_id.is_empty()
-                    && guard.init.pid == pid
-                    && guard.policy.recover
-                    && !guard.killed)
+                let recovering = (exec_id.is_empty() && guard.init.pid == pid && guard.recovers())
                     .then(|| guard.recovery.clone().try_lock_owned().ok())
                     .flatten();
                 // A process replaced by a restore is no longer the one this exit is about.
@@ -410,7 +407,7 @@ impl Inner {
                     .await;
             let _ = std::fs::remove_file(&spec_path);
             let _ = std::fs::remove_file(spec_path.with_extension("pid"));
-            match started {
+            let failed = match started {
                 Ok(s) => break s,
                 // The init died between the wait for recovery above and runc's exec (which
                 // then meets a stopped container): wait again, once, and run it in the
@@ -424,17 +421,16 @@ impl Inner {
                     retried = true;
                     drop(c);
                     c = Container::after_recovery(&shared).await;
-                    if !c.init.is_running() {
-                        self.exec_exited(&mut c, &req.exec_id, EXEC_NOT_STARTED);
-                        return Err(e);
+                    if c.init.is_running() {
+                        continue;
                     }
+                    e
                 }
-                Err(e) => {
-                    // The action ended without running: the journal and the scheduler hear so.
-                    self.exec_exited(&mut c, &req.exec_id, EXEC_NOT_STARTED);
-                    return Err(e);
-                }
-            }
+                Err(e) => e,
+            };
+            // The action ended without running: the journal and the scheduler hear so.
+            self.exec_exited(&mut c, &req.exec_id, EXEC_NOT_STARTED);
+            return Err(failed);
         };
         let p = c.process_mut(&req.exec_id)?;
         p.pid = pid;
