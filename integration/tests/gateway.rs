@@ -119,7 +119,16 @@ fn gateway_passes_requests_through_and_hints_the_mapped_containers() {
         .send_streaming("POST", CHAT, &headers, stream, &mut |chunk| {
             firsts.push((Instant::now(), chunk.len()));
             if firsts.len() == 1 {
-                during = Some(hints(&c, "gw-header"));
+                // The gateway sends hints off the request path: the llm-start can reach the
+                // shim just after the first chunk reached us (CI saw it). Look again while the
+                // stream is open, 2 s at most.
+                let asked = Instant::now();
+                let mut h = hints(&c, "gw-header");
+                while h["llm_in_flight"] != true && asked.elapsed() < Duration::from_secs(2) {
+                    std::thread::sleep(Duration::from_millis(10));
+                    h = hints(&c, "gw-header");
+                }
+                during = Some(h);
                 let (addr, headers) = (gw.addr, headers.map(|(k, v)| (k, v.to_string())));
                 second = Some(std::thread::spawn(move || {
                     let h: Vec<(&str, &str)> =
