@@ -36,6 +36,10 @@ impl Default for CostPrior {
     }
 }
 
+/// The largest valid [`SchedulerConfig::gap_window`]. A recheck time costs time quadratic in the
+/// window, and the shim computes it under its node-wide scheduler lock.
+pub const MAX_GAP_WINDOW: usize = 512;
+
 /// Every tunable of [`NodeScheduler`](crate::NodeScheduler). Missing fields take their defaults.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -43,8 +47,8 @@ pub struct SchedulerConfig {
     /// Quantile of the idle-gap distribution taken as the predicted gap; low is conservative.
     /// Default 0.1.
     pub gap_quantile: f64,
-    /// How many of the most recent gaps are kept, per container and node-wide (at most 512).
-    /// Default 64.
+    /// How many of the most recent gaps are kept, per container and node-wide, in
+    /// 1..=[`MAX_GAP_WINDOW`] (512). Default 64.
     pub gap_window: usize,
     /// Gap assumed, in seconds, before the node has observed any. Default 2.0.
     pub prior_gap_s: f64,
@@ -129,8 +133,8 @@ impl SchedulerConfig {
             ),
             (
                 "gap_window",
-                (1..=4096).contains(&self.gap_window),
-                "in 1..=4096",
+                (1..=MAX_GAP_WINDOW).contains(&self.gap_window),
+                "in 1..=512",
             ),
             ("prior_gap_s", non_neg(self.prior_gap_s), "finite and ≥ 0"),
             ("prior_weight", non_neg(self.prior_weight), "finite and ≥ 0"),
@@ -245,5 +249,23 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(c.validate().unwrap_err().field, "risk_bound_s");
+    }
+
+    #[test]
+    fn gap_window_is_bounded_as_documented() {
+        let with = |gap_window| SchedulerConfig {
+            gap_window,
+            ..Default::default()
+        };
+        with(1).validate().unwrap();
+        with(MAX_GAP_WINDOW).validate().unwrap();
+        for bad in [0, MAX_GAP_WINDOW + 1, 4096] {
+            let e = with(bad).validate().unwrap_err();
+            assert_eq!(e.field, "gap_window", "{bad}");
+            assert_eq!(
+                e.to_string(),
+                "scheduler config field `gap_window` must be in 1..=512"
+            );
+        }
     }
 }

@@ -36,7 +36,7 @@ pub mod policy;
 pub mod quantile;
 pub mod retention;
 
-pub use config::{ConfigError, CostPrior, SchedulerConfig};
+pub use config::{ConfigError, CostPrior, MAX_GAP_WINDOW, SchedulerConfig};
 pub use cost::{CheckpointCost, CostEstimate, CostModel, Footprint};
 pub use gap::{Expected, GapPrediction, GapSource, Hint};
 pub use node::{NodeScheduler, SchedError};

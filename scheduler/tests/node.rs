@@ -217,6 +217,7 @@ fn cost_model_learns_from_done_checkpoints() {
         resident_bytes: 8 * GIB,
         fs_changed_bytes: GIB,
     };
+    n.on_container_start("a", s(0.0));
     n.on_footprint("a", big, s(0.0));
     let before = n.predict_cost("a").mean_s;
     for i in 0..30 {
@@ -247,6 +248,7 @@ enum Op {
     Done(usize, f64),
     Failed(usize),
     Manual(usize),
+    Remove(usize),
     Advance(f64),
 }
 
@@ -260,7 +262,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => c.clone().prop_map(Op::Decide),
         1 => (c.clone(), 0.0f64..10.0).prop_map(|(c, x)| Op::Done(c, x)),
         1 => c.clone().prop_map(Op::Failed),
-        1 => c.prop_map(Op::Manual),
+        1 => c.clone().prop_map(Op::Manual),
+        1 => c.prop_map(Op::Remove),
         2 => (0.0f64..30.0).prop_map(Op::Advance),
     ]
 }
@@ -279,15 +282,26 @@ proptest! {
         let mut t = 0.0;
         let mut running = [0u32; 5];
         let mut ours: HashMap<usize, f64> = HashMap::new();
+        // Containers registered (by an exec start or a manual checkpoint) and not removed since.
+        let mut known = [false; 5];
         for op in ops {
             match op {
-                Op::Start(c) => { n.on_exec_start(ids[c], s(t)); running[c] += 1; }
+                Op::Start(c) => { n.on_exec_start(ids[c], s(t)); running[c] += 1; known[c] = true; }
                 Op::Exit(c) => { n.on_exec_exit(ids[c], s(t)); running[c] = running[c].saturating_sub(1); }
                 Op::Hint(c, e) => n.on_hint(ids[c], Hint::LlmStart { expected: e.map(Expected::Millis) }, s(t)),
                 Op::LlmEnd(c) => n.on_hint(ids[c], Hint::LlmEnd, s(t)),
                 Op::Advance(dt) => t += dt,
                 Op::Manual(c) => {
-                    if n.begin_manual(ids[c], s(t)).is_ok() { prop_assert!(ours.insert(c, t).is_none()); }
+                    if n.begin_manual(ids[c], s(t)).is_ok() {
+                        prop_assert!(ours.insert(c, t).is_none());
+                        known[c] = true;
+                    }
+                }
+                Op::Remove(c) => {
+                    n.remove_container(ids[c]);
+                    ours.remove(&c);
+                    running[c] = 0;
+                    known[c] = false;
                 }
                 Op::Done(c, x) => {
                     let r = n.on_checkpoint_done(ids[c], CheckpointCost { footprint: small(), seconds: x });
@@ -320,6 +334,9 @@ proptest! {
                             }
                         }
                     }
+                    if !known[c] {
+                        prop_assert_eq!(d, Decision::Defer { reason: DeferReason::NothingNew });
+                    }
                     if d.is_checkpoint() {
                         prop_assert!(running[c] == 0);
                         prop_assert!(ours.insert(c, t).is_none());
@@ -328,6 +345,10 @@ proptest! {
             }
             prop_assert!(n.in_flight() <= max_concurrent);
             prop_assert_eq!(n.in_flight() as usize, ours.len());
+            // Only the registering events create an entry; no later event re-creates a removed one.
+            for (c, id) in ids.iter().enumerate() {
+                prop_assert_eq!(n.work_at_risk(id, s(t)).is_some(), known[c], "{}", id);
+            }
         }
     }
 }
