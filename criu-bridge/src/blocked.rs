@@ -136,13 +136,16 @@ const PF_EXITING: u64 = 0x4;
 
 /// [`is_dead`] on the text of `/proc/<pid>/stat` and `/proc/<pid>/status`.
 fn dead_or_dying(stat: &str, status: &str) -> bool {
-    if matches!(parse_stat(stat), Some((_, 'Z' | 'X'))) {
+    let Some((_, fields)) = split_stat(stat) else {
+        return false;
+    };
+    let mut fields = fields.split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X")) {
         return true;
     }
-    // After the name: state, ppid, pgrp, session, tty_nr, tpgid, flags.
-    let flags = stat
-        .rfind(')')
-        .and_then(|close| stat[close + 1..].split_whitespace().nth(6))
+    // After the state: ppid, pgrp, session, tty_nr, tpgid, flags.
+    let flags = fields
+        .nth(5)
         .and_then(|f| f.parse::<u64>().ok())
         .unwrap_or(0);
     let sigkill = 1u64 << (libc::SIGKILL - 1);
@@ -156,14 +159,18 @@ fn dead_or_dying(stat: &str, status: &str) -> bool {
     flags & PF_EXITING != 0 || pending
 }
 
-/// Command name and state of a `/proc/<pid>/stat` line. The name is in parentheses and may
-/// itself hold spaces and parentheses: it ends at the last `)`.
+/// Command name and state of a `/proc/<pid>/stat` line.
 fn parse_stat(stat: &str) -> Option<(&str, char)> {
+    let (comm, fields) = split_stat(stat)?;
+    Some((comm, fields.trim_start().chars().next()?))
+}
+
+/// A `/proc/<pid>/stat` line split into the command name and the fields after it. The name is
+/// in parentheses and may itself hold spaces and parentheses: it ends at the last `)`.
+fn split_stat(stat: &str) -> Option<(&str, &str)> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?;
-    let state = stat.get(close + 1..)?.trim_start().chars().next()?;
-    Some((comm, state))
+    Some((stat.get(open + 1..close)?, stat.get(close + 1..)?))
 }
 
 #[cfg(test)]

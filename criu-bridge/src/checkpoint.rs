@@ -1,5 +1,7 @@
-//! One instant: freeze the container → CRIU dump (leave running, or exit) → capture the fs layer
-//! while still frozen → thaw; then hash, write the manifest and rename the checkpoint into place.
+//! One instant: freeze the container → CRIU dump (leaving the processes in place) → capture the
+//! fs layer while still frozen → thaw; then hash, write the manifest and rename the checkpoint
+//! into place. An exit-mode checkpoint keeps the container frozen through the write and ends it
+//! only once the checkpoint is stored: a write that fails (a full disk) leaves it running.
 
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -35,8 +37,8 @@ pub struct CheckpointRequest<'a> {
     /// or the one the rootfs was mounted from at restore. `None`: the upper sits directly on the
     /// image lowers.
     pub parent: Option<&'a Checkpoint>,
-    /// Keep the processes running after the dump (else they exit and runc deletes the
-    /// container).
+    /// Keep the processes running after the checkpoint (else, once it is stored, they are
+    /// killed and runc deletes the container).
     pub leave_running: bool,
     /// Exec'd processes running now, which the checkpoint will not hold (recorded in it).
     pub uncaptured_execs: &'a [UncapturedExec],
@@ -50,8 +52,8 @@ pub struct CheckpointRequest<'a> {
     pub yield_to_blocked: bool,
 }
 
-/// Why a checkpoint failed. In every case no partial checkpoint is left and, with
-/// `leave_running`, the container runs again (unpaused if it was running before).
+/// Why a checkpoint failed. In every case but [`CheckpointError::End`] no partial checkpoint is
+/// left and the container runs again (unpaused if it was running before), exit mode included.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
     /// CRIU is missing or too old.
@@ -134,6 +136,17 @@ pub enum CheckpointError {
         #[source]
         source: RuncError,
     },
+    /// An exit-mode checkpoint was stored, but the container could not be ended: it runs again.
+    #[error("checkpoint {seq} of container {id} is stored, but the container could not be ended")]
+    End {
+        /// The container.
+        id: String,
+        /// The checkpoint stored.
+        seq: u64,
+        /// The cause.
+        #[source]
+        source: RuncError,
+    },
     /// Reading the parent or writing the checkpoint failed.
     #[error("cannot write the checkpoint of container {id}")]
     Store {
@@ -206,15 +219,16 @@ fn micros(since: Instant) -> u64 {
 /// Sequence: `runc pause` (skipped when already paused) → `runc checkpoint --leave-running`
 /// (runc hands CRIU the freezer cgroup; CRIU leaves it in the state it found: frozen) → fs
 /// capture from the upper dir → `runc resume` (only if this call paused it) → hash, manifest,
-/// fsync, rename. The container is frozen only for the first four steps. In exit mode the fs
-/// capture comes before the dump (both inside the frozen window, so the same instant): a failed
-/// capture then leaves the container running instead of lost.
+/// fsync, rename. The container is frozen only for the first four steps. In exit mode it stays
+/// frozen to the end, and `runc delete --force` ends it only once the checkpoint is stored:
+/// CRIU's own exit mode would kill the processes at the dump, and a write failing after it (a
+/// full disk) would lose both the container and its checkpoint.
 pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, CheckpointError> {
     checkpoint_container_with(req, &mut || {})
 }
 
 /// [`checkpoint_container`], calling `thawed` as soon as the container runs again (or, in exit
-/// mode, once its processes are gone and its layer is captured): what follows — hashing,
+/// mode, once the checkpoint is stored and the container ended): what follows — hashing,
 /// manifest, fsync, rename — no longer involves the container, so a caller can let its users at
 /// it again while the checkpoint is written.
 pub fn checkpoint_container_with(
@@ -270,7 +284,7 @@ pub fn checkpoint_container_with(
     let mut attempt = 1;
     let waiting_since = Instant::now();
     let mut backoff = VFORK_RETRY_FIRST;
-    let (pending, mut t, index, capture) = loop {
+    let (pending, mut t, index, capture, frozen) = loop {
         let pending = req
             .store
             .begin(&lock)
@@ -284,7 +298,7 @@ pub fn checkpoint_container_with(
             state.pid,
             &mut t,
         ) {
-            Ok((index, capture)) => break (pending, t, index, capture),
+            Ok((index, capture, frozen)) => break (pending, t, index, capture, frozen),
             Err(CheckpointError::Blocked { .. })
                 if !req.yield_to_blocked && waiting_since.elapsed() < VFORK_PATIENCE =>
             {
@@ -307,7 +321,9 @@ pub fn checkpoint_container_with(
             Err(e) => return Err(e),
         }
     };
-    thawed();
+    if req.leave_running {
+        thawed();
+    }
     // Hashing and writing the images run beside the container's work (the agent's next action):
     // at a lower CPU priority they leave it the cores.
     let _background = crate::sys::ThreadNice::lower_to(WRITE_NICE)
@@ -335,6 +351,19 @@ pub fn checkpoint_container_with(
     let cp = pending
         .commit(manifest)
         .map_err(|e| CheckpointError::store(id, e))?;
+    if let Some(mut frozen) = frozen {
+        // Stored: now the processes may go. runc kills them (thawing a frozen cgroup for the
+        // kill) and deletes the container, as CRIU's exit mode would have.
+        req.runc
+            .delete(id, true)
+            .map_err(|source| CheckpointError::End {
+                id: id.into(),
+                seq: cp.manifest.seq,
+                source,
+            })?;
+        frozen.armed = false;
+        thawed();
+    }
     tracing::info!(
         container = id,
         seq = cp.manifest.seq,
@@ -371,17 +400,16 @@ impl CheckpointError {
 
 /// The frozen window: pause (if `pause`) → a look for a vfork in progress under `init` (the
 /// container's init; thawed and [`CheckpointError::Blocked`] if there is one) → dump → capture
-/// → thaw; in exit mode the capture comes first (still frozen, so the same instant): once CRIU
-/// has killed the processes, a failed capture could not be undone. Any failure thaws what this
-/// call froze.
-fn one_instant(
-    req: &CheckpointRequest<'_>,
+/// → thaw. In exit mode there is no thaw: the guard that thaws the container if what follows
+/// fails is returned instead. Any failure thaws what this call froze.
+fn one_instant<'a>(
+    req: &CheckpointRequest<'a>,
     pending: &PendingCheckpoint,
     parent_index: Option<&LayerIndex>,
     pause: bool,
     init: i32,
     t: &mut Timings,
-) -> Result<(LayerIndex, CaptureStats), CheckpointError> {
+) -> Result<(LayerIndex, CaptureStats, Option<ThawGuard<'a>>), CheckpointError> {
     let id = req.id;
     let frozen_at = Instant::now();
     if pause {
@@ -407,29 +435,12 @@ fn one_instant(
         });
     }
 
-    let capture = |t: &mut Timings| {
-        let at = Instant::now();
-        let r = capture_layer(req.upper_dir, parent_index, &pending.fs_dir());
-        t.fs_capture_us = micros(at);
-        r.map_err(|source| match source {
-            CaptureError::DiskFull(e) => CheckpointError::DiskFull { path: e.path },
-            source => CheckpointError::Capture {
-                id: id.into(),
-                source,
-            },
-        })
-    };
-    let early = if req.leave_running {
-        None
-    } else {
-        Some(capture(t)?)
-    };
-
     let dump_at = Instant::now();
     let criu_dir = pending.criu_dir();
+    // Always leave-running: in exit mode the container ends once the checkpoint is stored.
     if let Err(source) = req
         .runc
-        .checkpoint(id, &criu_dir, &criu_dir, req.leave_running, &req.criu)
+        .checkpoint(id, &criu_dir, &criu_dir, true, &req.criu)
     {
         let log = CriuLog::read(criu_dir.join("dump.log"));
         // CRIU may not even manage to log ENOSPC when its log shares the full disk.
@@ -448,14 +459,20 @@ fn one_instant(
         });
     }
     t.dump_us = micros(dump_at);
+    let capture_at = Instant::now();
+    let captured = capture_layer(req.upper_dir, parent_index, &pending.fs_dir());
+    t.fs_capture_us = micros(capture_at);
+    let captured = captured.map_err(|source| match source {
+        CaptureError::DiskFull(e) => CheckpointError::DiskFull { path: e.path },
+        source => CheckpointError::Capture {
+            id: id.into(),
+            source,
+        },
+    })?;
     if !req.leave_running {
-        // The processes are gone and runc deleted the container: nothing to thaw.
-        thaw.armed = false;
+        t.frozen_us = micros(frozen_at);
+        return Ok((captured.0, captured.1, Some(thaw)));
     }
-    let captured = match early {
-        Some(done) => done,
-        None => capture(t)?,
-    };
     if thaw.armed {
         let thaw_at = Instant::now();
         thaw.armed = false;
@@ -468,7 +485,7 @@ fn one_instant(
         t.thaw_us = micros(thaw_at);
     }
     t.frozen_us = micros(frozen_at);
-    Ok(captured)
+    Ok((captured.0, captured.1, None))
 }
 
 /// The manifest of checkpoint `seq` (files, sizes and figures are filled in later).

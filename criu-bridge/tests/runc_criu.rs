@@ -333,14 +333,17 @@ fn a_full_store_disk_fails_cleanly_and_the_container_keeps_running() {
     c.extra_mounts.borrow_mut().push(small.clone());
     let store = Store::new(&small);
     std::thread::sleep(Duration::from_millis(200));
-    let err = checkpoint_container(&request(&c, &store, None, true)).unwrap_err();
-    assert!(matches!(err, CheckpointError::DiskFull { .. }), "{err}");
-    assert!(err.to_string().contains("disk full"), "{err}");
-    assert_eq!(
-        c.status(&c.id).as_deref(),
-        Some("running"),
-        "the container must keep running"
-    );
+    // Exit mode too: the container ends only once its checkpoint is stored.
+    for leave_running in [true, false] {
+        let err = checkpoint_container(&request(&c, &store, None, leave_running)).unwrap_err();
+        assert!(matches!(err, CheckpointError::DiskFull { .. }), "{err}");
+        assert!(err.to_string().contains("disk full"), "{err}");
+        assert_eq!(
+            c.status(&c.id).as_deref(),
+            Some("running"),
+            "the container must keep running (leave_running {leave_running})"
+        );
+    }
     assert!(
         store.list("default", &c.id).unwrap().is_empty(),
         "partial checkpoint listed"
@@ -358,6 +361,47 @@ fn a_full_store_disk_fails_cleanly_and_the_container_keeps_running() {
         .unwrap()
         .lines()
         .count();
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(counter_is_consecutive(&c.rootfs, before + 2) > before);
+
+    // A disk that holds CRIU's images but not the layer: the failure comes after the dump, and
+    // an exit-mode checkpoint must still leave the container running (CRIU's own exit mode
+    // would have killed it at the dump).
+    let big = Store::new(base.join("big-store"));
+    let sized = checkpoint_container(&request(&c, &big, None, true)).unwrap();
+    let images: u64 = std::fs::read_dir(sized.criu_dir())
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    std::fs::write(c.rootfs.join("data/big"), vec![7u8; 8 << 20]).unwrap();
+    let medium = base.join("medium-store");
+    std::fs::create_dir_all(&medium).unwrap();
+    common::sh(
+        base,
+        &format!(
+            "mount -t tmpfs -o size={}k tmpfs {}",
+            images / 1024 + 1024,
+            medium.display()
+        ),
+    );
+    c.extra_mounts.borrow_mut().push(medium.clone());
+    let store = Store::new(&medium);
+    let err = checkpoint_container(&request(&c, &store, None, false)).unwrap_err();
+    let CheckpointError::DiskFull { path } = &err else {
+        panic!("{err}");
+    };
+    assert!(
+        path.components()
+            .any(|p| p.as_os_str() == criu_bridge::store::FS_DIR),
+        "the disk should fill in the layer's capture, after the dump: {err}"
+    );
+    assert_eq!(
+        c.status(&c.id).as_deref(),
+        Some("running"),
+        "exit mode, failing after the dump: the container must keep running"
+    );
+    assert!(store.list("default", &c.id).unwrap().is_empty());
+    let before = counter_is_consecutive(&c.rootfs, 1);
     std::thread::sleep(Duration::from_millis(200));
     assert!(counter_is_consecutive(&c.rootfs, before + 2) > before);
 }

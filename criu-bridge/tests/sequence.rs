@@ -12,6 +12,10 @@ use criu_bridge::{CheckpointError, CheckpointRequest, Store, checkpoint_containe
 struct Fake {
     status: &'static str,
     fail_checkpoint: bool,
+    /// The dump leaves something in the way of the manifest: the write after it fails.
+    fail_write: bool,
+    /// `runc delete` fails.
+    fail_delete: bool,
     calls: Mutex<Vec<String>>,
 }
 
@@ -46,6 +50,23 @@ impl Spawner for Fake {
                 stdout: Vec::new(),
                 stderr: b"criu failed: type NOTIFY errno 0".to_vec(),
             }),
+            "checkpoint" => {
+                assert!(
+                    args.iter().any(|a| a == "--leave-running"),
+                    "CRIU must leave the processes in place, exit mode too: {args:?}"
+                );
+                if self.fail_write {
+                    let at = args.iter().position(|a| a == "--image-path").unwrap();
+                    let images = std::path::Path::new(&args[at + 1]);
+                    std::fs::create_dir(images.parent().unwrap().join("manifest.json"))?;
+                }
+                Ok(ok(""))
+            }
+            "delete" if self.fail_delete => Ok(Output {
+                status: ExitStatus::from_raw(256),
+                stdout: Vec::new(),
+                stderr: b"container init still running".to_vec(),
+            }),
             _ => Ok(ok("")),
         }
     }
@@ -59,6 +80,15 @@ struct Env {
 }
 
 fn env(status: &'static str, fail_checkpoint: bool) -> Env {
+    env_with(status, fail_checkpoint, false, false)
+}
+
+fn env_with(
+    status: &'static str,
+    fail_checkpoint: bool,
+    fail_write: bool,
+    fail_delete: bool,
+) -> Env {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(tmp.path().join("upper/etc")).unwrap();
     std::fs::write(tmp.path().join("upper/etc/x"), "x").unwrap();
@@ -66,6 +96,8 @@ fn env(status: &'static str, fail_checkpoint: bool) -> Env {
     let fake = Arc::new(Fake {
         status,
         fail_checkpoint,
+        fail_write,
+        fail_delete,
         calls: Mutex::new(Vec::new()),
     });
     let mut runc = Runc::new(tmp.path().join("runc"));
@@ -119,11 +151,31 @@ fn paused_container_is_left_paused() {
 }
 
 #[test]
-fn exit_mode_does_not_resume() {
+fn exit_mode_ends_the_container_once_the_checkpoint_is_stored() {
     let e = env("running", false);
     let cp = run(&e, false).unwrap();
-    assert_eq!(calls(&e), ["state", "pause", "checkpoint"]);
+    assert_eq!(calls(&e), ["state", "pause", "checkpoint", "delete"]);
     assert!(!cp.manifest.leave_running);
+    assert_eq!(e.store.list("default", "c1").unwrap().len(), 1);
+}
+
+#[test]
+fn exit_mode_failing_after_the_dump_keeps_the_container() {
+    // The write fails (a full disk, say): the container runs on, and nothing is listed.
+    let e = env_with("running", false, true, false);
+    let err = run(&e, false).unwrap_err();
+    assert!(matches!(err, CheckpointError::Store { .. }), "{err}");
+    assert_eq!(calls(&e), ["state", "pause", "checkpoint", "resume"]);
+    assert!(e.store.list("default", "c1").unwrap().is_empty());
+    // Stored, but runc could not end it: it runs on, and the checkpoint stays.
+    let e = env_with("running", false, false, true);
+    let err = run(&e, false).unwrap_err();
+    assert!(matches!(err, CheckpointError::End { seq: 1, .. }), "{err}");
+    assert_eq!(
+        calls(&e),
+        ["state", "pause", "checkpoint", "delete", "resume"]
+    );
+    assert_eq!(e.store.list("default", "c1").unwrap().len(), 1);
 }
 
 #[test]
@@ -142,11 +194,11 @@ fn failed_capture_thaws_and_leaves_nothing() {
     let err = run(&e, true).unwrap_err();
     assert!(matches!(err, CheckpointError::Capture { .. }), "{err}");
     assert_eq!(calls(&e), ["state", "pause", "checkpoint", "resume"]);
-    // Exit mode captures before the dump, so a failed capture never kills the processes.
+    // Nor does it end the processes in exit mode.
     let e = env("running", false);
     std::fs::remove_dir_all(e.tmp.path().join("upper")).unwrap();
     run(&e, false).unwrap_err();
-    assert_eq!(calls(&e), ["state", "pause", "resume"]);
+    assert_eq!(calls(&e), ["state", "pause", "checkpoint", "resume"]);
 }
 
 #[test]

@@ -314,7 +314,7 @@ fn chains_keep_their_members_until_compacted() {
         "{err}"
     );
 
-    for seq in [2, 3] {
+    for seq in [3, 2] {
         e.store.compact("default", "c1", seq).unwrap();
     }
     e.store.delete("default", "c1", 1).unwrap();
@@ -332,6 +332,62 @@ fn chains_keep_their_members_until_compacted() {
     let got = criu_bridge::tree::snapshot_tree(&target).unwrap();
     let diff = criu_bridge::tree::diff_trees(&expected, &got);
     assert!(diff.is_empty(), "{diff:#?}");
+}
+
+/// The tree a rootfs mounted from `cp` shows.
+fn mounted_tree(store: &Store, cp: &Checkpoint) -> criu_bridge::tree::TreeSnapshot {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = tmp.path().join("m");
+    criu_bridge::mount_rootfs(
+        store,
+        cp,
+        &tmp.path().join("u"),
+        &tmp.path().join("w"),
+        &target,
+    )
+    .unwrap();
+    let _g = MountGuard(target.clone());
+    criu_bridge::tree::snapshot_tree(&target).unwrap()
+}
+
+/// A compacted layer keeps only the whiteouts that hide something in the image: compacting a
+/// checkpoint while a later one stacks on its layer would let that one's older layers show
+/// files the chain had deleted. Compaction is refused then, and newest-first it works, every
+/// checkpoint still showing its own instant.
+#[test]
+fn compaction_waits_for_the_checkpoints_stacked_on_it() {
+    let e = env();
+    sh(&e.merged, "mkdir work; echo x > work/x; echo y > work/y");
+    let c1 = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    sh(&e.merged, "rm work/x; echo 2 > work/y");
+    let c2 = fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c1)).unwrap();
+    let at2 = criu_bridge::tree::snapshot_tree(&e.merged).unwrap();
+    sh(&e.merged, "echo 3 > work/z");
+    let c3 = fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c2)).unwrap();
+    let at3 = criu_bridge::tree::snapshot_tree(&e.merged).unwrap();
+
+    let err = e.store.compact("default", "c1", 2).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CompactCheckpointError::Store(StoreError::InChain {
+                seq: 2,
+                needed_by: 3
+            })
+        ),
+        "{err}"
+    );
+    let diff = criu_bridge::tree::diff_trees(&at3, &mounted_tree(&e.store, &c3));
+    assert!(diff.is_empty(), "checkpoint 3 after the refusal: {diff:#?}");
+
+    let c3 = e.store.compact("default", "c1", 3).unwrap();
+    let c2 = e.store.compact("default", "c1", 2).unwrap();
+    e.store.delete("default", "c1", 1).unwrap();
+    for (cp, want) in [(&c2, &at2), (&c3, &at3)] {
+        verify_checkpoint(&e.store, cp, VerifyLevel::Full).unwrap();
+        let diff = criu_bridge::tree::diff_trees(want, &mounted_tree(&e.store, cp));
+        assert!(diff.is_empty(), "checkpoint {}: {diff:#?}", cp.manifest.seq);
+    }
 }
 
 #[test]
@@ -361,6 +417,18 @@ fn a_fork_keeps_its_source_layers_until_compacted() {
     let f1 = fake_checkpoint_of(&e.store, "f1", &fork_upper, &lowers, None).unwrap();
     drop(g);
     assert_eq!(f1.manifest.image_lowers, lowers);
+
+    // The source's layer is part of what restores the fork: a byte changed there is found.
+    let victim = c1.fs_dir().join("d/x");
+    let good = fs::read(&victim).unwrap();
+    fs::write(&victim, b"y\n").unwrap();
+    let err = verify_checkpoint(&e.store, &f1, VerifyLevel::Full).unwrap_err();
+    assert!(
+        matches!(&err, VerifyError::Corrupt { file, .. } if *file == victim),
+        "{err}"
+    );
+    fs::write(&victim, good).unwrap();
+    verify_checkpoint(&e.store, &f1, VerifyLevel::Full).unwrap();
 
     let err = e.store.delete("default", "c1", 1).unwrap_err();
     assert!(
@@ -463,13 +531,19 @@ fn a_lease_keeps_its_checkpoints_until_released() {
     // A holder that died leaves its file unlocked: it does not count, and goes.
     let leases = container_dir.join(".leases");
     fs::write(leases.join("2+default+ghost+4194304.0"), "").unwrap();
+    // The fork's checkpoint stacks on checkpoint 2's layer until it is compacted itself.
+    let err = e.store.compact("default", "c1", 2).unwrap_err();
+    assert!(
+        matches!(&err, CompactCheckpointError::Store(StoreError::UsedAsLower { seq: 2, by }) if *by == f1.dir),
+        "{err}"
+    );
+    e.store.compact("default", "f1", 1).unwrap();
     e.store.compact("default", "c1", 2).unwrap();
     assert!(
         !names(&leases).iter().any(|n| n.starts_with("2+")),
         "leases left: {:?}",
         names(&leases)
     );
-    e.store.compact("default", "f1", 1).unwrap();
     e.store.delete("default", "c1", 1).unwrap();
     let err = e.store.lease(&c1, ("default", "late")).unwrap_err();
     assert!(matches!(err, StoreError::NotFound { seq: 1, .. }), "{err}");

@@ -4,7 +4,8 @@
 //! journal position reported; one killed while a checkpoint is being taken comes back too, and
 //! the execs sent meanwhile wait for it. A checkpoint asked for during an automatic one waits.
 //! An init that exits 0 is not recovered, a crash loop ends, and an exec that cannot start is
-//! journalled as ended.
+//! journalled as ended. A death asked for (a kill through containerd, an exit-mode checkpoint)
+//! is not recovered; a signal the init survives leaves recovery on.
 
 mod common;
 
@@ -567,6 +568,25 @@ fn recoveries(c: &Containerd, id: &str) -> usize {
     status(c, id)["recoveries"].as_array().map_or(0, Vec::len)
 }
 
+/// Runs `script` in a sandbox container `id` under automatic recovery, and checkpoints it once.
+fn run_recovering(c: &Containerd, id: &str, script: &str) {
+    c.ctr(&[
+        "run",
+        "-d",
+        "--runtime",
+        BELAYER,
+        "--annotation",
+        "io.belayer.recover=auto",
+        belayer_integration::episode::SANDBOX,
+        id,
+        "sh",
+        "-c",
+        script,
+    ])
+    .ok();
+    c.belayer(&["checkpoint", id]).ok();
+}
+
 /// An init that exits 0 finished: it is not restored. An init that dies again each time it is
 /// restored from the same checkpoint is restored three times, then left dead, its exit reported.
 #[test]
@@ -616,21 +636,7 @@ fn a_clean_exit_is_not_recovered_and_a_crash_loop_ends() {
     c.ctr(&["containers", "rm", id]).ok();
 
     let done = "exits-clean";
-    c.ctr(&[
-        "run",
-        "-d",
-        "--runtime",
-        BELAYER,
-        "--annotation",
-        "io.belayer.recover=auto",
-        belayer_integration::episode::SANDBOX,
-        done,
-        "sh",
-        "-c",
-        "while [ ! -e /stop ]; do sleep 0.05; done",
-    ])
-    .ok();
-    c.belayer(&["checkpoint", done]).ok();
+    run_recovering(&c, done, "while [ ! -e /stop ]; do sleep 0.05; done");
     let s = Sandbox::attach(&c, done);
     let out = s.exec("touch /stop", None);
     assert_eq!(out.code, 0, "{out:?}");
@@ -688,4 +694,70 @@ fn an_exec_that_cannot_start_is_journalled_as_ended() {
     );
     assert_eq!(task_status(&c, id), "RUNNING");
     remove(&c, id);
+}
+
+/// A death containerd or the user asked for is not recovered: one by a signal `ctr task kill`
+/// sent, and the end of an exit-mode checkpoint. A signal the init survives (a reload on
+/// SIGHUP) does not turn recovery off: a later crash is still recovered.
+#[test]
+fn a_death_asked_for_is_not_recovered_and_a_survived_signal_keeps_recovery() {
+    let _machine = machine_shared();
+    let c = Containerd::start(Flavor::V2);
+    c.import(&belayer_integration::prereq::image("sandbox.tar"));
+    let run = |id: &str, script: &str| run_recovering(&c, id, script);
+    let context = |id: &str| {
+        format!(
+            "task {}, status {}\n{}",
+            task_status(&c, id),
+            status(&c, id),
+            c.log_lines(id, 20)
+        )
+    };
+    let stopped =
+        |id: &str| wait_until(Duration::from_secs(15), || task_status(&c, id) == "STOPPED");
+
+    // SIGHUP reloads, then a crash (SIGKILL from outside containerd): recovered.
+    let hup = "reloads";
+    // The init is pid 1 of its namespace: only signals it handles reach it. It dies of USR1 as
+    // a shell does, exit status 128 + 10.
+    run(
+        hup,
+        "trap 'echo reload' HUP; trap 'exit 138' USR1; while :; do sleep 0.05; done",
+    );
+    c.ctr(&["tasks", "kill", "-s", "SIGHUP", hup]).ok();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(task_status(&c, hup), "RUNNING", "{}", context(hup));
+    let pid: i32 = task_pid(&c, hup).parse().expect("pid");
+    belayer_integration::sigkill(pid.into()).expect("SIGKILL the init");
+    assert!(
+        wait_until(Duration::from_secs(30), || recoveries(&c, hup) == 1
+            && task_status(&c, hup) == "RUNNING"),
+        "a crash after a survived SIGHUP was not recovered: {}",
+        context(hup)
+    );
+
+    // Killed by the signal containerd sent: left stopped.
+    c.ctr(&["tasks", "kill", "-s", "SIGUSR1", hup]).ok();
+    assert!(stopped(hup), "killed by ctr's SIGUSR1: {}", context(hup));
+    assert_eq!(recoveries(&c, hup), 1, "{}", context(hup));
+    remove(&c, hup);
+
+    // An exit-mode checkpoint ends the container: left stopped, the checkpoint kept.
+    let ends = "exit-checkpoint";
+    run(ends, "while :; do sleep 0.05; done");
+    c.belayer(&["checkpoint", "--exit", ends]).ok();
+    assert!(stopped(ends), "after checkpoint --exit: {}", context(ends));
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(task_status(&c, ends), "STOPPED", "{}", context(ends));
+    assert_eq!(recoveries(&c, ends), 0, "{}", context(ends));
+    assert_eq!(
+        c.belayer(&["checkpoints", ends])
+            .ok()
+            .stdout
+            .lines()
+            .count(),
+        2,
+        "the exit checkpoint was not kept"
+    );
+    remove(&c, ends);
 }

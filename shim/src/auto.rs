@@ -26,6 +26,12 @@ const BLOCKED_RETRY: Duration = Duration::from_millis(100);
 /// ago, after which a death of the init is left alone: the checkpoint itself leads to the crash,
 /// and restoring it again would only repeat it.
 const CRASH_LOOP_RECOVERIES: usize = 3;
+/// A replayed action may take this many times as long as it took at first, and at least
+/// [`REPLAY_MIN`], before it is killed: the container is held while actions replay.
+const REPLAY_SLACK: u32 = 4;
+const REPLAY_MIN: Duration = Duration::from_secs(30);
+/// The exit status of a process killed by SIGKILL.
+const SIGKILLED: u32 = 128 + libc::SIGKILL as u32;
 const CRASH_LOOP_WINDOW_MS: u64 = 60_000;
 /// Topic of the event published when a container was recovered (a `TaskStart` with the new pid).
 pub const RECOVERED_TOPIC: &str = "/tasks/belayer/recovered";
@@ -228,6 +234,11 @@ impl Inner {
                 let _ = self.sched().on_checkpoint_failed(id);
                 let retry = {
                     let mut skips = self.skips.lock().unwrap_or_else(|e| e.into_inner());
+                    // A container deleted meanwhile was untracked (after it left the map): an
+                    // entry made now would outlive it.
+                    if self.get(id).is_err() {
+                        return;
+                    }
                     let s = skips.entry(id.to_string()).or_default();
                     s.count += 1;
                     if s.count == 1 {
@@ -303,9 +314,18 @@ impl Inner {
                 return Ok(());
             }
             // Another container (a fork, a restored copy) may stack on a checkpoint: that one
-            // stays whole, and so do the members of its chain.
-            let in_use = |e: &StoreError| matches!(e, StoreError::InUse { .. });
-            for (seq, chain) in &chains {
+            // stays whole, and so do the members of its chain. Newest first: a checkpoint is
+            // compacted only once nothing stacks on its layer any more (the store refuses
+            // otherwise), so every later one of the chain goes before it.
+            let in_use = |e: &StoreError| {
+                matches!(
+                    e,
+                    StoreError::InUse { .. }
+                        | StoreError::InChain { .. }
+                        | StoreError::UsedAsLower { .. }
+                )
+            };
+            for (seq, chain) in chains.iter().rev() {
                 if !delete.contains(seq)
                     && !pinned.contains(seq)
                     && chain.iter().any(|l| delete.contains(l))
@@ -354,10 +374,37 @@ impl Inner {
         c.journal.truncate(k);
         if c.policy.replay {
             for e in undone {
+                let (Some(ended), Some(_)) = (e.ended_unix_ms, e.exit_code) else {
+                    // It was still running when the container died (or was restored): it got
+                    // its exit then, and running it again would run it twice.
+                    position.mismatches.push(format!(
+                        "action {} ({}) was still running at the restore; not replayed",
+                        e.index,
+                        e.args.join(" ")
+                    ));
+                    continue;
+                };
                 let exec_id = format!("belayer-replay-{}", e.index);
-                let spec = serde_json::to_vec(&e.spec).unwrap_or_default();
+                let mut spec = e.spec.clone();
+                // Replayed without stdio: no terminal to give it.
+                spec["terminal"] = serde_json::Value::Bool(false);
+                let spec = serde_json::to_vec(&spec).unwrap_or_default();
                 c.journal.start(&exec_id, &spec, Some(seq));
-                let code = self.run_quiet(c, &exec_id, &spec).await;
+                let took = Duration::from_millis(ended.saturating_sub(e.started_unix_ms));
+                let limit = (took * REPLAY_SLACK).max(REPLAY_MIN);
+                let code = match self.run_quiet(c, &exec_id, &spec, limit).await {
+                    Some(code) => code,
+                    None => {
+                        position.mismatches.push(format!(
+                            "action {} ({}) was killed after {:.1} s in replay ({:.1} s at first)",
+                            e.index,
+                            e.args.join(" "),
+                            limit.as_secs_f64(),
+                            took.as_secs_f64()
+                        ));
+                        SIGKILLED
+                    }
+                };
                 c.journal.finish(&exec_id, code);
                 position.replayed += 1;
                 if Some(code) != e.exit_code {
@@ -375,21 +422,37 @@ impl Inner {
         Some(position)
     }
 
-    /// Runs a process spec in `c` with no stdio and returns its exit code.
-    async fn run_quiet(&self, c: &Container, exec_id: &str, spec: &[u8]) -> u32 {
+    /// Runs a process spec in `c` with no stdio and returns its exit code; `None` when it ran
+    /// past `limit` and was killed (the container is held meanwhile).
+    async fn run_quiet(
+        &self,
+        c: &Container,
+        exec_id: &str,
+        spec: &[u8],
+        limit: Duration,
+    ) -> Option<u32> {
         let path = c.exec_spec_path(exec_id);
         if std::fs::write(&path, spec).is_err() {
-            return EXEC_NOT_STARTED;
+            return Some(EXEC_NOT_STARTED);
         }
         let paths = crate::stdio::StdioPaths::default();
         let started =
             crate::container::spawn_process(&self.runc, &c.id, &c.bundle, &paths, Some(&path))
                 .await;
         let _ = std::fs::remove_file(&path);
-        match started {
-            Ok((pid, _io)) => crate::reaper::watch(pid as i32).await.unwrap_or(255) as u32,
-            Err(_) => EXEC_NOT_STARTED,
+        let Ok((pid, _io)) = started else {
+            return Some(EXEC_NOT_STARTED);
+        };
+        let mut exited = std::pin::pin!(crate::reaper::watch(pid as i32));
+        if let Ok(code) = tokio::time::timeout(limit, &mut exited).await {
+            return Some(code.unwrap_or(255) as u32);
         }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = exited.await;
+        None
     }
 
     /// Restores `id` after its init died on its own; `None` when recovery is off or impossible.
@@ -398,7 +461,7 @@ impl Inner {
     /// for (one taken as the init died fails, or is the newest to recover from).
     pub async fn recover(self: &Arc<Self>, id: &str, exit_status: u32) -> Option<Recovery> {
         let shared = self.get(id).ok()?;
-        if !shared.lock().await.recovers() {
+        if !shared.lock().await.recovers_from(exit_status) {
             return None;
         }
         if exit_status == 0 {
@@ -409,7 +472,7 @@ impl Inner {
         // containerd may have killed it meanwhile.
         let newest = self.store().list(&self.namespace, id).ok()?.last().copied();
         let c = shared.lock().await;
-        let newest = newest.filter(|_| c.recovers())?;
+        let newest = newest.filter(|_| c.recovers_from(exit_status))?;
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);

@@ -268,6 +268,9 @@ impl Inner {
         );
         let init_pid = c.init.pid as i32;
         let started = Instant::now();
+        // An exit-mode checkpoint ends the container on purpose: no recovery brings it back.
+        let was_killed = c.killed;
+        c.killed |= exit;
         let (thawed_tx, thawed_rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::task::spawn_blocking(move || {
             let mut thawed_tx = Some(thawed_tx);
@@ -312,7 +315,12 @@ impl Inner {
                     "container {id} died during the checkpoint; nothing was kept ({e})"
                 )));
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                if exit && !criu_bridge::blocked::is_dead(init_pid) {
+                    shared.lock().await.killed = was_killed;
+                }
+                return Err(e);
+            }
         };
         info!(
             "container {id} checkpoint {} taken in {:?} (container held {frozen:?})",
@@ -584,6 +592,9 @@ impl Inner {
     ) -> Result<RestoreInfo> {
         let started = Instant::now();
         let mut c = shared.lock().await;
+        if c.deleted {
+            return Err(Error::ContainerNotFound(id.to_string()));
+        }
         let ns = self.namespace.clone();
         let (cp, lease, verify_ms) = self.load_verified(&ns, id, seq, id).await?;
         let t_verified = started.elapsed();
@@ -605,6 +616,7 @@ impl Inner {
             .await?;
         let t_restored = started.elapsed();
         c.killed = false;
+        c.signalled = 0;
         let position = self.reposition(&mut c, cp.manifest.seq).await;
         log::info!(
             "container {id} restore steps: verified {t_verified:?}, deleted {t_deleted:?}, \

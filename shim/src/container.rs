@@ -55,8 +55,14 @@ pub struct Container {
     /// Where the journal stands after the last restore.
     pub position: Option<crate::auto::Position>,
     pub recoveries: Vec<crate::auto::Recovery>,
-    /// containerd signalled init: its death is no crash to recover from.
+    /// Its init's death is intended, no crash to recover from: containerd sent it a stopping
+    /// signal, an exit-mode checkpoint ends it, or the task is being deleted.
     pub killed: bool,
+    /// Other signals containerd sent init (a bit per signal, `1 << (n - 1)`): a death by one of
+    /// them was asked for too; the init may also live on (a reload on SIGHUP, say).
+    pub signalled: u64,
+    /// The task is deleted: no restore may bring it back.
+    pub deleted: bool,
     /// The daemon still filling memory after a lazy restore; a checkpoint waits for it (a dump
     /// would see the pages not yet filled as absent), without holding the container.
     pub lazy_fill: Option<Arc<criu_bridge::lazy::LazyPages>>,
@@ -127,6 +133,8 @@ impl Container {
             position: None,
             recoveries: Vec::new(),
             killed: false,
+            signalled: 0,
+            deleted: false,
             lazy_fill: None,
             uncaptured_warned: Vec::new(),
             id: id.to_string(),
@@ -167,10 +175,31 @@ impl Container {
         }
     }
 
-    /// A death of its init now would be recovered: recovery is on and containerd did not kill
-    /// it.
+    /// A death of its init now could be recovered: recovery is on, the init was started, and
+    /// its death is not intended ([`Container::killed`]).
     pub fn recovers(&self) -> bool {
-        self.policy.recover && !self.killed
+        self.policy.recover && !self.killed && !self.deleted && self.init.status != Status::CREATED
+    }
+
+    /// [`Container::recovers`] for a death with `exit_status`: not one by a signal containerd
+    /// sent it.
+    pub fn recovers_from(&self, exit_status: u32) -> bool {
+        let by_signal = exit_status
+            .checked_sub(128)
+            .filter(|s| (1..=64).contains(s))
+            .is_some_and(|s| self.signalled & (1 << (s - 1)) != 0);
+        self.recovers() && !by_signal
+    }
+
+    /// Notes a signal containerd sent init, once it was delivered: a stopping one (or one to
+    /// every process) makes its death intended; another makes only a death by it intended.
+    pub fn note_signal(&mut self, signal: u32, all: bool) {
+        const STOPPING: [i32; 4] = [libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGQUIT];
+        if all || STOPPING.contains(&(signal as i32)) {
+            self.killed = true;
+        } else if (1..=64).contains(&signal) {
+            self.signalled |= 1 << (signal - 1);
+        }
     }
 
     /// Its init, in a container that recovers from crashes, is dead or dying
@@ -233,7 +262,13 @@ impl Container {
             return Err(Error::ProcessFinished);
         }
         if exec_id.is_empty() {
-            return runc.kill(&self.id, signal, all).await;
+            return match runc.kill(&self.id, signal, all).await {
+                // Dead, its exit not yet recorded (being drained, or a recovery deciding).
+                Err(_) if criu_bridge::blocked::is_dead(p.pid as i32) => {
+                    Err(Error::ProcessFinished)
+                }
+                r => r,
+            };
         }
         let sig = nix::sys::signal::Signal::try_from(signal as i32)
             .map_err(|_| Error::InvalidArgument(format!("invalid signal {signal}")))?;

@@ -189,6 +189,7 @@ fn reason(status: u16) -> &'static str {
         409 => "Conflict",
         422 => "Unprocessable Entity",
         501 => "Not Implemented",
+        503 => "Service Unavailable",
         507 => "Insufficient Storage",
         _ => "Internal Server Error",
     }

@@ -152,9 +152,11 @@ impl Inner {
                 let mut guard = c.lock().await;
                 // Execs wait from here until the recovery has ended, either way (this task's
                 // end): in between, the container's processes are dead.
-                let recovering = (exec_id.is_empty() && guard.init.pid == pid && guard.recovers())
-                    .then(|| guard.recovery.clone().try_lock_owned().ok())
-                    .flatten();
+                let recovering = (exec_id.is_empty()
+                    && guard.init.pid == pid
+                    && guard.recovers_from(code as u32))
+                .then(|| guard.recovery.clone().try_lock_owned().ok())
+                .flatten();
                 // A process replaced by a restore is no longer the one this exit is about.
                 let pio = guard
                     .process_mut(&exec_id)
@@ -534,6 +536,10 @@ impl Inner {
             )));
         }
         let rx = c.init.subscribe();
+        // Nothing brings it back from here: not a recovery of the init `runc delete --force`
+        // kills (one created, never started), not a restore queued behind this lock.
+        c.killed = true;
+        c.deleted = true;
         c.cleanup(&self.runc).await;
         drop(c);
         // A created-but-never-started init is killed by `runc delete --force`; collect its exit.
@@ -762,11 +768,12 @@ impl containerd_shim::Task for TaskService {
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> TtrpcResult<Empty> {
         let shared = self.0.get(&req.id)?;
         let mut c = shared.lock().await;
-        if req.exec_id.is_empty() {
-            c.killed = true;
-        }
         c.kill(&self.0.runc, &req.exec_id, req.signal, req.all)
             .await?;
+        // Still under the lock: the init's monitor sees the death as intended.
+        if req.exec_id.is_empty() {
+            c.note_signal(req.signal, req.all);
+        }
         Ok(Empty::new())
     }
 

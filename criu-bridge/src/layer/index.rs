@@ -108,7 +108,9 @@ pub fn decode_path(s: &str) -> PathBuf {
     while i < b.len() {
         if b[i] == b'%'
             && i + 2 < b.len()
-            && let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+            // Bytes, not `&s[..]`: a `%` before a multi-byte character must not split it.
+            && let Ok(hex) = std::str::from_utf8(&b[i + 1..i + 3])
+            && let Ok(v) = u8::from_str_radix(hex, 16)
         {
             out.push(v);
             i += 3;
@@ -123,6 +125,13 @@ pub fn decode_path(s: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_percent_before_a_multibyte_character_is_kept() {
+        assert_eq!(decode_path("%aé"), PathBuf::from("%aé"));
+        assert_eq!(decode_path("x%é"), PathBuf::from("x%é"));
+        assert_eq!(decode_path("%41%"), PathBuf::from("A%"));
+    }
 
     #[test]
     fn path_encoding_round_trips() {

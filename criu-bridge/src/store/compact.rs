@@ -30,6 +30,12 @@ impl Store {
     /// Rewrites checkpoint `seq` so that its `fs/` holds its whole chain merged (its `fs_chain`
     /// becomes `[seq]`), together with any layers of this store it has among its image lowers
     /// (a fork's). The old dir is swapped out atomically (`RENAME_EXCHANGE`).
+    ///
+    /// Refused while another checkpoint stacks on `seq`'s layer (a later one of the chain,
+    /// [`StoreError::InChain`], or a fork's, [`StoreError::UsedAsLower`]): the merged layer
+    /// keeps only the whiteouts that hide something in the image, so the layers below it in
+    /// such a checkpoint's stack would show files `seq`'s chain had deleted. Compact the
+    /// newest first.
     pub fn compact(
         &self,
         namespace: &str,
@@ -46,10 +52,13 @@ impl Store {
         if cp.manifest.fs_chain.len() <= 1 && !borrows {
             return Ok(cp);
         }
+        let dir = self.container_dir(namespace, container)?;
+        // Refused before the merge, too, when refused at all: a running rootfs or a checkpoint
+        // stacks on it.
+        self.unless_leased(&dir, seq, || self.refuse_if_stacked_on(&cp))?;
         let tmp = cp.dir.with_file_name(format!("{TMP_PREFIX}compact-{seq}"));
         let guard = RemoveOnDrop(tmp.clone());
         let manifest = self.write_standalone(&cp, &tmp)?;
-        let dir = self.container_dir(namespace, container)?;
         self.unless_leased(&dir, seq, || {
             crate::sys::rename_exchange(&tmp, &cp.dir)
                 .map_err(|e| StoreError::io("swap", &cp.dir, e))

@@ -165,7 +165,7 @@ impl Store {
 
     /// The checkpoint `(namespace, container, seq)` whose fs layer `dir` is, if it is one of
     /// this store's.
-    fn layer_owner(&self, dir: &Path) -> Option<(String, String, u64)> {
+    pub(super) fn layer_owner(&self, dir: &Path) -> Option<(String, String, u64)> {
         let rest = dir.strip_prefix(self.root().join("checkpoints")).ok()?;
         let parts: Vec<&str> = rest.iter().filter_map(|p| p.to_str()).collect();
         match parts[..] {

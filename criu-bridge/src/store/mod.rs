@@ -401,6 +401,28 @@ impl Store {
     pub fn delete(&self, namespace: &str, container: &str, seq: u64) -> Result<(), StoreError> {
         let _lock = self.lock(namespace, container)?;
         let cp = self.load(namespace, container, seq)?;
+        self.refuse_if_stacked_on(&cp)?;
+        // Rename first so a crash never leaves a half-deleted checkpoint listed.
+        let doomed = cp.dir.with_file_name(format!("{TMP_PREFIX}deleted-{seq}"));
+        let dir = self.container_dir(namespace, container)?;
+        self.unless_leased(&dir, seq, || {
+            fs::rename(&cp.dir, &doomed).map_err(|e| StoreError::io("rename", &cp.dir, e))
+        })?;
+        fs::remove_dir_all(&doomed).map_err(|e| StoreError::io("remove", &doomed, e))?;
+        let _ = fs::remove_file(verify::stamp_path(&cp.dir));
+        Ok(())
+    }
+
+    /// Refuses when another checkpoint's rootfs stacks on `cp`'s layer: a later checkpoint of
+    /// its container whose fs chain holds it ([`StoreError::InChain`]), or a checkpoint of any
+    /// container (a fork's) that has it among its image lowers ([`StoreError::UsedAsLower`]).
+    /// Neither deleting that layer nor rewriting it (compaction) may happen then.
+    pub(super) fn refuse_if_stacked_on(&self, cp: &Checkpoint) -> Result<(), StoreError> {
+        let (namespace, container, seq) = (
+            &cp.manifest.namespace,
+            &cp.manifest.container,
+            cp.manifest.seq,
+        );
         for other in self.list(namespace, container)? {
             if other == seq {
                 continue;
@@ -416,14 +438,6 @@ impl Store {
         if let Some(user) = self.lower_user(&cp.fs_dir())? {
             return Err(StoreError::UsedAsLower { seq, by: user });
         }
-        // Rename first so a crash never leaves a half-deleted checkpoint listed.
-        let doomed = cp.dir.with_file_name(format!("{TMP_PREFIX}deleted-{seq}"));
-        let dir = self.container_dir(namespace, container)?;
-        self.unless_leased(&dir, seq, || {
-            fs::rename(&cp.dir, &doomed).map_err(|e| StoreError::io("rename", &cp.dir, e))
-        })?;
-        fs::remove_dir_all(&doomed).map_err(|e| StoreError::io("remove", &doomed, e))?;
-        let _ = fs::remove_file(verify::stamp_path(&cp.dir));
         Ok(())
     }
 

@@ -301,7 +301,9 @@ fn kind_of(m: &std::fs::Metadata) -> char {
     }
 }
 
-/// Verifies a checkpoint and every checkpoint of its fs chain, and that the image lowers exist.
+/// Verifies a checkpoint and every checkpoint of its fs chain, and that the image lowers exist;
+/// an image lower that is another checkpoint's layer in this store (a fork stacks on the chain
+/// it was forked from) is verified as that checkpoint's layer.
 pub fn verify_checkpoint(
     store: &Store,
     cp: &Checkpoint,
@@ -325,6 +327,15 @@ pub fn verify_checkpoint(
     for l in &m.image_lowers {
         if !l.is_dir() {
             return Err(VerifyError::MissingImageLower(l.clone()));
+        }
+        if let Some((namespace, container, seq)) = store.layer_owner(l) {
+            let owner = store
+                .load(&namespace, &container, seq)
+                .map_err(|e| match e {
+                    super::StoreError::Format(f) => VerifyError::Format(f),
+                    _ => VerifyError::ChainBroken { container, seq },
+                })?;
+            verify_part(&owner, level, super::manifest::FS_DIR)?;
         }
     }
     Ok(())
