@@ -7,6 +7,13 @@ use std::ptr::NonNull;
 use nix::errno::Errno;
 use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags, madvise, mmap, munmap};
 
+/// The OS page size in bytes (4096 if `sysconf` cannot tell).
+pub fn page_size() -> u64 {
+    // SAFETY: sysconf reads a system constant; it takes no pointers.
+    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(n).ok().filter(|&n| n > 0).unwrap_or(4096)
+}
+
 /// A shared mapping of a whole region.
 #[derive(Debug)]
 pub struct Mapping {

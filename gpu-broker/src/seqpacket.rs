@@ -223,6 +223,24 @@ impl Conn {
         Ok((wire::decode(&buf)?, fds))
     }
 
+    /// A connected pair of packet sockets (in-process peers, tests).
+    pub fn pair() -> Result<(Self, Self), SocketError> {
+        let (a, b) = socket::socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+        .map_err(sys("socketpair", ""))?;
+        Ok((Self { fd: a }, Self { fd: b }))
+    }
+
+    /// Shuts the connection down both ways: the peer reads end-of-file, and so does this side's
+    /// next `recv` (the broker then drops the connection as closed).
+    pub fn shutdown(&self) -> Result<(), SocketError> {
+        socket::shutdown(self.fd.as_raw_fd(), socket::Shutdown::Both).map_err(sys("shutdown", ""))
+    }
+
     /// Puts the socket in non-blocking mode (the broker's side).
     pub fn set_nonblocking(&self) -> Result<(), SocketError> {
         use nix::fcntl::{FcntlArg, OFlag, fcntl};

@@ -97,10 +97,17 @@ impl CudaDevice {
         check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })
     }
 
-    /// Rounds `bytes` up to the allocation granularity.
-    pub fn round(&self, bytes: u64) -> u64 {
+    /// Rounds `bytes` up to the allocation granularity; a size whose rounding overflows the
+    /// address space is refused.
+    pub fn round(&self, bytes: u64) -> Result<usize, BackendError> {
         let g = self.granularity as u64;
-        bytes.div_ceil(g) * g
+        bytes
+            .checked_next_multiple_of(g)
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or(BackendError::TooLarge {
+                bytes,
+                limit: usize::MAX as u64 / g * g,
+            })
     }
 
     /// Sticky-error check: a context in an error state fails every call, synchronize included.
@@ -131,7 +138,7 @@ unsafe impl Send for CudaRegion {}
 impl CudaRegion {
     fn create(d: &CudaDevice, bytes: u64) -> Result<Self, BackendError> {
         d.make_current()?;
-        let size = d.round(bytes) as usize;
+        let size = d.round(bytes)?;
         let p = prop(d.dev);
         let mut handle: CUmemGenericAllocationHandle = 0;
         let mut fd: i32 = -1;
@@ -180,7 +187,7 @@ impl CudaMapping {
     /// `dev`. The driver keeps the memory alive while any process holds a handle or mapping.
     pub fn import(dev: &CudaDevice, fd: BorrowedFd<'_>, bytes: u64) -> Result<Self, BackendError> {
         dev.make_current()?;
-        let size = dev.round(bytes) as usize;
+        let size = dev.round(bytes)?;
         let mut handle: CUmemGenericAllocationHandle = 0;
         let mut ptr: CUdeviceptr = 0;
         let desc = CUmemAccessDesc {

@@ -27,9 +27,24 @@ pub struct HostRegion {
     ino: u64,
 }
 
+/// Physical memory in bytes, if `sysconf` can tell.
+pub fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf reads a system constant; it takes no pointers.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    u64::try_from(pages)
+        .ok()?
+        .checked_mul(crate::mapping::page_size())
+}
+
 impl HostRegion {
-    /// Creates a sealable memfd of `bytes` bytes.
+    /// Creates a sealable memfd of `bytes` bytes. A size beyond physical memory is refused: the
+    /// memfd would be sparse, and fail only later, when touched.
     pub fn create(label: &str, bytes: u64) -> Result<Self, BackendError> {
+        if let Some(limit) = physical_memory()
+            && bytes > limit
+        {
+            return Err(BackendError::TooLarge { bytes, limit });
+        }
         let name = CString::new(format!("belayer-{label}")).unwrap_or_default();
         let fd = memfd_create(
             &name,
@@ -106,6 +121,16 @@ impl Backend for HostBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_region_beyond_physical_memory_is_refused() {
+        let limit = physical_memory().unwrap();
+        assert!(matches!(
+            HostRegion::create("t", 1 << 50),
+            Err(BackendError::TooLarge { bytes, limit: l }) if bytes == 1 << 50 && l == limit
+        ));
+        assert!(HostRegion::create("t", limit + 1).is_err());
+    }
 
     #[test]
     fn sealed_region_refuses_writable_maps_and_resizes() {

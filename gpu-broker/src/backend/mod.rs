@@ -32,6 +32,14 @@ pub enum BackendError {
     /// The driver library is not installed on this machine.
     #[error("the CUDA driver library (libcuda.so) is not present on this machine")]
     NoDriver,
+    /// The requested size is beyond what the backend can hold.
+    #[error("a region of {bytes} bytes exceeds the {limit} bytes this backend can hold")]
+    TooLarge {
+        /// Requested size.
+        bytes: u64,
+        /// The backend's bound (host: physical memory).
+        limit: u64,
+    },
     /// The operation is not possible on this backend.
     #[error("{0} is not supported by this backend")]
     Unsupported(&'static str),

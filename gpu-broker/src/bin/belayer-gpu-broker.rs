@@ -67,9 +67,19 @@ fn main() -> Result<()> {
         }
     }
     let socket = socket.context(USAGE)?;
+    // The grant carries the lease in u32 milliseconds.
+    if lease_ms == 0 || lease_ms > u64::from(u32::MAX) {
+        bail!(
+            "--lease-ms {lease_ms}: expected 1 to {} (a zero lease fences every primary at once)",
+            u32::MAX
+        );
+    }
+    let Some(kv_bytes) = kv_mib.checked_mul(1 << 20).filter(|&b| b > 0) else {
+        bail!("--kv-mib {kv_mib}: expected 1 to {} MiB", u64::MAX >> 20);
+    };
     let mut cfg = Config::new(socket);
     cfg.lease = Duration::from_millis(lease_ms);
-    cfg.kv_bytes = kv_mib << 20;
+    cfg.kv_bytes = kv_bytes;
     cfg.seal_weights = seal;
     cfg.checksum = checksum;
     if retention.requests > gpu_broker::broker::log::MAX_KEPT_FINISHED {

@@ -11,7 +11,11 @@ impl Broker {
         let Some(lease) = self.lease.take() else {
             return;
         };
-        let pidfd = self.peers.get_mut(&lease.peer).and_then(|p| p.pidfd.take());
+        // A fenced primary may still hold a queued acquire (a shadow that asked again after its
+        // promotion): it must not be promoted again.
+        self.shadows.retain(|w| w.peer != lease.peer);
+        // Shared, not taken: the peer may be granted and lost again while its zombie entry lives.
+        let pidfd = self.peers.get(&lease.peer).and_then(|p| p.pidfd.clone());
         let dead = pidfd
             .as_ref()
             .is_some_and(|p| p.wait_exited(self.cfg.confirm_timeout));

@@ -5,7 +5,8 @@ use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
 use super::{Broker, Lease, Waiting};
-use crate::wire::{ErrorCode, Msg, Role};
+use crate::seqpacket::SocketError;
+use crate::wire::{ErrorCode, MAX_FRAME, Msg, Role};
 
 /// Why a connection is dropped.
 pub(super) type Violation = String;
@@ -18,12 +19,36 @@ pub(super) fn err(code: ErrorCode, message: impl Into<String>) -> Msg {
 }
 
 impl Broker {
-    /// Sends `msg` to `peer`; a failed send drops the peer later (its socket reports an error).
+    /// Sends `msg` to `peer`. A reply is never lost in silence (the peer waits for it): one
+    /// too large for a frame becomes an error reply, and a send that fails otherwise (no room,
+    /// peer gone) shuts the connection down, so the peer reads end-of-file and the poll loop
+    /// drops it.
     pub(super) fn reply(&self, peer: u32, msg: &Msg, fds: &[BorrowedFd<'_>]) {
-        if let Some(p) = self.peers.get(&peer)
-            && let Err(e) = p.conn.send(msg, fds)
-        {
-            tracing::warn!(peer, error = %e, "reply failed");
+        let Some(p) = self.peers.get(&peer) else {
+            return;
+        };
+        let e = match p.conn.send(msg, fds) {
+            Ok(()) => return,
+            Err(SocketError::TooLarge(n)) => {
+                let m = err(
+                    ErrorCode::Backend,
+                    format!(
+                        "the broker's reply is {n} bytes, over the {MAX_FRAME}-byte frame bound"
+                    ),
+                );
+                match p.conn.send(&m, &[]) {
+                    Ok(()) => {
+                        tracing::warn!(peer, bytes = n, "reply too large: sent an error instead");
+                        return;
+                    }
+                    Err(e) => e,
+                }
+            }
+            Err(e) => e,
+        };
+        tracing::warn!(peer, error = %e, "reply failed: shutting the connection down");
+        if let Err(e) = p.conn.shutdown() {
+            tracing::warn!(peer, error = %e, "shutdown failed");
         }
     }
 
@@ -46,8 +71,7 @@ impl Broker {
             }
             (Some(Role::Observer), Msg::Acquire { .. }) => Err("observer cannot acquire".into()),
             (Some(r), Msg::Acquire { page_bytes, pages }) => {
-                self.on_acquire(peer, r, page_bytes, pages);
-                Ok(())
+                self.on_acquire(peer, r, page_bytes, pages)
             }
             (Some(_), Msg::Heartbeat { epoch }) => {
                 if let Some(m) = self.check_lease(peer, epoch) {
@@ -210,15 +234,26 @@ impl Broker {
         }
     }
 
-    fn on_acquire(&mut self, peer: u32, role: Role, page_bytes: u64, pages: u32) {
+    fn on_acquire(
+        &mut self,
+        peer: u32,
+        role: Role,
+        page_bytes: u64,
+        pages: u32,
+    ) -> Result<(), Violation> {
         if role == Role::Shadow && !self.orphaned {
+            // One pending acquire per connection: a second one, sent before the first was
+            // answered, breaks request/reply pairing, and would queue the peer twice.
+            if self.shadows.iter().any(|w| w.peer == peer) {
+                return Err("second acquire while waiting for promotion".into());
+            }
             tracing::info!(peer, "shadow waiting for promotion");
             self.shadows.push_back(Waiting {
                 peer,
                 pages,
                 page_bytes,
             });
-            return;
+            return Ok(());
         }
         if let Some(l) = &self.lease {
             let m = err(
@@ -226,24 +261,20 @@ impl Broker {
                 format!("the lease is held by worker {}", l.peer),
             );
             self.reply(peer, &m, &[]);
-            return;
+            return Ok(());
         }
         self.grant(peer, page_bytes, pages);
+        Ok(())
     }
 
     /// Grants the lease to `peer` under a new epoch.
     pub(super) fn grant(&mut self, peer: u32, page_bytes: u64, pages: u32) {
-        if let Err(m) = self.ensure_kv(page_bytes) {
-            self.reply(peer, &m, &[]);
-            return;
-        }
-        let Some(runs) = self.kv.as_mut().and_then(|k| k.pages.take(pages)) else {
-            let m = err(
-                ErrorCode::NoCapacity,
-                format!("{pages} KV pages are not free"),
-            );
-            self.reply(peer, &m, &[]);
-            return;
+        let runs = match self.take_kv_pages(page_bytes, pages) {
+            Ok(runs) => runs,
+            Err(m) => {
+                self.reply(peer, &m, &[]);
+                return;
+            }
         };
         self.epoch += 1;
         let takeover = self.orphaned || self.log.inflight() > 0;

@@ -7,9 +7,11 @@
 //! ever served would grow without bound. An evicted request is unknown again, and a resend of
 //! it is admitted and generated anew.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use crate::wire::{CommitEntry, RequestLog, SamplingParams};
+use crate::wire::{
+    CommitEntry, HEADER_LEN, MAX_FRAME, MAX_LIST, MAX_TOKENS, RequestLog, SamplingParams,
+};
 
 /// Why an append was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -33,6 +35,26 @@ pub enum LogError {
     /// Append to a finished request or beyond its budget.
     #[error("request {0} is finished or would exceed max_new_tokens")]
     Closed(u64),
+    /// Admission refused: [`MAX_INFLIGHT`] requests are unfinished already.
+    #[error(
+        "request {0} refused: {MAX_INFLIGHT} requests are in flight, the most one log listing \
+         can carry beside the finished ones kept"
+    )]
+    Full(u64),
+    /// Admission refused: the prompt plus `max_new_tokens` could not be sent back as one log
+    /// entry.
+    #[error(
+        "request {id} refused: a prompt of {prompt} tokens with max_new_tokens {max_new} exceeds \
+         the log entry bound ({MAX_TOKENS} tokens each, {MAX_LOG_TOKENS} together)"
+    )]
+    TooLong {
+        /// Request id.
+        id: u64,
+        /// Prompt tokens.
+        prompt: usize,
+        /// Requested budget.
+        max_new: u32,
+    },
 }
 
 /// How many finished requests the log keeps; the oldest finished go first once either bound is
@@ -47,7 +69,19 @@ pub struct Retention {
 
 /// The most finished requests a log may keep: half of what one `LogIds` reply can list, the
 /// other half left for requests in flight.
-pub const MAX_KEPT_FINISHED: usize = crate::wire::MAX_LIST / 2;
+pub const MAX_KEPT_FINISHED: usize = MAX_LIST / 2;
+
+/// The most unfinished requests a log holds: with [`MAX_KEPT_FINISHED`] finished ones, a
+/// `LogIds` reply stays within [`MAX_LIST`].
+pub const MAX_INFLIGHT: usize = MAX_LIST - MAX_KEPT_FINISHED;
+
+/// Bytes of a `LogEntry` frame besides its tokens: header, id, parameters, two token counts,
+/// sampler state and the finished flag.
+const LOG_ENTRY_FIXED: usize = HEADER_LEN + 8 + 20 + 4 + 4 + 8 + 1;
+
+/// The most prompt plus generated tokens one request may hold: its `LogEntry` reply must fit
+/// [`MAX_FRAME`] (and each of the two token lists [`MAX_TOKENS`]).
+pub const MAX_LOG_TOKENS: usize = (MAX_FRAME - LOG_ENTRY_FIXED) / 4;
 
 impl Default for Retention {
     /// [`MAX_KEPT_FINISHED`] requests or 64 Mi tokens (256 MiB of token ids), whichever is
@@ -65,8 +99,9 @@ impl Default for Retention {
 pub struct TokenLog {
     reqs: BTreeMap<u64, RequestLog>,
     retention: Retention,
-    /// Finished request ids, oldest finish first.
-    finished: VecDeque<u64>,
+    /// Finished request ids with the tokens each added to `finished_tokens`, oldest finish
+    /// first.
+    finished: VecDeque<(u64, usize)>,
     /// Tokens of the finished requests held.
     finished_tokens: usize,
 }
@@ -76,15 +111,21 @@ fn tokens(r: &RequestLog) -> usize {
 }
 
 impl TokenLog {
-    /// An empty log keeping finished requests within `retention`.
+    /// An empty log keeping finished requests within `retention` (at most
+    /// [`MAX_KEPT_FINISHED`] requests, whatever `retention` asks).
     pub fn new(retention: Retention) -> Self {
         Self {
-            retention,
+            retention: Retention {
+                requests: retention.requests.min(MAX_KEPT_FINISHED),
+                ..retention
+            },
             ..Self::default()
         }
     }
 
-    /// Admits a request (idempotent for an identical re-admission).
+    /// Admits a request (idempotent for an identical re-admission). A new request is refused
+    /// while [`MAX_INFLIGHT`] are unfinished, or when its prompt and budget would not fit one
+    /// log entry.
     pub fn admit(
         &mut self,
         id: u64,
@@ -98,6 +139,21 @@ impl TokenLog {
             } else {
                 Err(LogError::Conflict(id))
             };
+        }
+        let max_new = params.max_new_tokens;
+        let budget = max_new as usize;
+        if prompt.len() > MAX_TOKENS
+            || budget > MAX_TOKENS
+            || prompt.len() + budget > MAX_LOG_TOKENS
+        {
+            return Err(LogError::TooLong {
+                id,
+                prompt: prompt.len(),
+                max_new,
+            });
+        }
+        if self.inflight() >= MAX_INFLIGHT {
+            return Err(LogError::Full(id));
         }
         self.reqs.insert(
             id,
@@ -113,23 +169,34 @@ impl TokenLog {
         Ok(())
     }
 
-    /// Appends a batch of entries: all are checked before any is applied.
+    /// Appends a batch of entries: all are checked before any is applied. Entries are checked in
+    /// order, each against the state the ones before it leave, so one request may appear more
+    /// than once (at consecutive positions).
     pub fn commit(&mut self, entries: &[CommitEntry]) -> Result<(), LogError> {
+        // Generated count and finished flag of each request as the batch so far leaves it.
+        let mut after: HashMap<u64, (usize, bool)> = HashMap::new();
         for e in entries {
             let r = self
                 .reqs
                 .get(&e.request_id)
                 .ok_or(LogError::Unknown(e.request_id))?;
-            if e.pos as usize != r.generated.len() {
+            let (have, finished) = after
+                .get(&e.request_id)
+                .copied()
+                .unwrap_or((r.generated.len(), r.finished));
+            if e.pos as usize != have {
                 return Err(LogError::Position {
                     id: e.request_id,
                     pos: e.pos,
-                    have: r.generated.len(),
+                    have,
                 });
             }
-            if r.finished || r.generated.len() + e.tokens.len() > r.params.max_new_tokens as usize {
+            // Admission bounded max_new_tokens, so the entry stays sendable.
+            let now = have + e.tokens.len();
+            if finished || now > r.params.max_new_tokens as usize {
                 return Err(LogError::Closed(e.request_id));
             }
+            after.insert(e.request_id, (now, e.finished));
         }
         for e in entries {
             if let Some(r) = self.reqs.get_mut(&e.request_id) {
@@ -137,8 +204,11 @@ impl TokenLog {
                 r.sampler_state = e.sampler_state;
                 r.finished = e.finished;
                 if r.finished {
-                    self.finished.push_back(r.request_id);
-                    self.finished_tokens += tokens(r);
+                    // Checked above: nothing is appended to a finished request, so this runs
+                    // once per request and its token count no longer changes.
+                    let n = tokens(r);
+                    self.finished.push_back((r.request_id, n));
+                    self.finished_tokens += n;
                 }
             }
         }
@@ -152,12 +222,11 @@ impl TokenLog {
         while self.finished.len() > self.retention.requests
             || self.finished_tokens > self.retention.tokens
         {
-            let Some(id) = self.finished.pop_front() else {
+            let Some((id, n)) = self.finished.pop_front() else {
                 break;
             };
-            if let Some(r) = self.reqs.remove(&id) {
-                self.finished_tokens -= tokens(&r);
-            }
+            self.reqs.remove(&id);
+            self.finished_tokens -= n;
         }
     }
 
@@ -275,5 +344,114 @@ mod tests {
             l.commit(&[entry(1, 3, &[], false)]),
             Err(LogError::Closed(1))
         );
+    }
+
+    #[test]
+    fn a_batch_naming_one_request_twice_is_checked_in_order() {
+        let mut l = TokenLog::new(Retention {
+            requests: 0,
+            tokens: 100,
+        });
+        l.admit(1, p(), 0, vec![1, 2]).unwrap();
+        // The second entry must follow the first: same position twice is refused ...
+        assert_eq!(
+            l.commit(&[entry(1, 0, &[7], true), entry(1, 0, &[8], false)]),
+            Err(LogError::Position {
+                id: 1,
+                pos: 0,
+                have: 1
+            })
+        );
+        // ... and so is an append after the batch's own finish ...
+        assert_eq!(
+            l.commit(&[entry(1, 0, &[7], true), entry(1, 1, &[8], false)]),
+            Err(LogError::Closed(1))
+        );
+        // ... and the budget counts the whole batch.
+        assert_eq!(
+            l.commit(&[entry(1, 0, &[7, 8], false), entry(1, 2, &[9, 9], false)]),
+            Err(LogError::Closed(1))
+        );
+        assert!(l.get(1).unwrap().generated.is_empty());
+        // Consecutive positions in one batch are fine; the finish is counted once and evicted
+        // (keep 0) without leaving tokens behind.
+        l.commit(&[entry(1, 0, &[7], false), entry(1, 1, &[8], true)])
+            .unwrap();
+        assert!(l.is_empty());
+        assert!(l.finished.is_empty());
+        assert_eq!(l.finished_tokens, 0);
+    }
+
+    #[test]
+    fn admission_is_bounded_so_the_id_listing_stays_encodable() {
+        use crate::wire::{Msg, decode, encode, frame_fits};
+        // A retention beyond the listing's half is cut to it.
+        let mut l = TokenLog::new(Retention {
+            requests: usize::MAX,
+            tokens: usize::MAX,
+        });
+        let n = MAX_LIST as u64 + 10;
+        for id in 0..n {
+            l.admit(id, p(), 0, vec![1]).unwrap();
+            l.commit(&[entry(id, 0, &[7], true)]).unwrap();
+        }
+        assert_eq!(l.len(), MAX_KEPT_FINISHED);
+        for id in n..n + MAX_INFLIGHT as u64 {
+            l.admit(id, p(), 0, vec![1]).unwrap();
+        }
+        let over = n + MAX_INFLIGHT as u64;
+        assert_eq!(l.admit(over, p(), 0, vec![1]), Err(LogError::Full(over)));
+        // A re-admission of a known request is still answered.
+        l.admit(n, p(), 0, vec![1]).unwrap();
+        let m = Msg::LogIds { ids: l.ids() };
+        let f = encode(&m);
+        assert!(frame_fits(&f));
+        assert_eq!(decode(&f).unwrap(), m);
+        // A finish makes room again.
+        l.commit(&[entry(n, 0, &[7], true)]).unwrap();
+        l.admit(over, p(), 0, vec![1]).unwrap();
+    }
+
+    #[test]
+    fn admission_refuses_requests_whose_log_entry_cannot_be_sent() {
+        use crate::wire::{Msg, decode, encode, frame_fits};
+        let big = |max_new: usize| SamplingParams {
+            max_new_tokens: max_new as u32,
+            ..p()
+        };
+        let mut l = TokenLog::default();
+        let prompt = vec![3; MAX_LOG_TOKENS - MAX_TOKENS];
+        assert!(matches!(
+            l.admit(1, big(MAX_TOKENS + 1), 0, prompt.clone()),
+            Err(LogError::TooLong { id: 1, .. })
+        ));
+        assert!(matches!(
+            l.admit(
+                1,
+                big(MAX_TOKENS),
+                0,
+                vec![3; MAX_LOG_TOKENS - MAX_TOKENS + 1]
+            ),
+            Err(LogError::TooLong { id: 1, .. })
+        ));
+        assert!(matches!(
+            l.admit(1, big(1), 0, vec![3; MAX_TOKENS + 1]),
+            Err(LogError::TooLong { id: 1, .. })
+        ));
+        assert!(l.is_empty());
+        // The largest admissible request, generated to its budget, still travels as one entry.
+        l.admit(1, big(MAX_TOKENS), 0, prompt).unwrap();
+        for pos in (0..MAX_TOKENS).step_by(1024) {
+            let fin = pos + 1024 == MAX_TOKENS;
+            l.commit(&[entry(1, pos as u32, &[5; 1024], fin)]).unwrap();
+        }
+        let m = Msg::LogEntry(l.get(1).unwrap().clone());
+        let f = encode(&m);
+        assert!(frame_fits(&f));
+        assert_eq!(decode(&f).unwrap(), m);
+        // One more token would not have fit.
+        let mut r = l.get(1).unwrap().clone();
+        r.prompt.push(0);
+        assert!(!frame_fits(&encode(&Msg::LogEntry(r))));
     }
 }

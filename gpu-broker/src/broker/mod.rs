@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, Region};
@@ -17,6 +18,8 @@ pub mod log;
 pub mod pages;
 mod regions;
 mod server;
+#[cfg(test)]
+mod tests;
 
 pub use server::{ServeError, serve};
 
@@ -65,7 +68,8 @@ impl Config {
 
 struct Peer {
     conn: Conn,
-    pidfd: Option<PidFd>,
+    /// Shared with the zombie entry a fence makes of it, so a later loss can still confirm death.
+    pidfd: Option<Arc<PidFd>>,
     pid: i32,
     role: Option<Role>,
 }
@@ -78,7 +82,7 @@ struct Lease {
 }
 
 struct Zombie {
-    pidfd: PidFd,
+    pidfd: Arc<PidFd>,
     pages: Vec<(u32, u32)>,
 }
 

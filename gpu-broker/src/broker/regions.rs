@@ -2,10 +2,15 @@
 //! (allocate, publish with checksum verification and seals).
 
 use std::os::fd::BorrowedFd;
+use std::time::Instant;
 
 use super::handlers::err;
 use super::{Broker, Kv, Weights};
+use crate::backend::BackendError;
 use crate::wire::{ErrorCode, Msg, RegionInfo, RegionKind};
+
+/// Smallest KV page the arena accepts (a page is also a multiple of the OS page size).
+pub(super) const MIN_KV_PAGE: u64 = 4096;
 
 impl Broker {
     fn region_infos(&self) -> (Vec<RegionInfo>, Vec<BorrowedFd<'_>>) {
@@ -46,20 +51,60 @@ impl Broker {
         self.reply(peer, &Msg::Manifest { regions }, &fds);
     }
 
-    pub(super) fn ensure_kv(&mut self, page_bytes: u64) -> Result<(), Msg> {
-        if let Some(k) = &self.kv {
+    /// Takes `pages` KV pages of `page_bytes` bytes for a grant. The first grant fixes the
+    /// arena's page size, but only once it succeeds: a refused one leaves no arena behind.
+    pub(super) fn take_kv_pages(
+        &mut self,
+        page_bytes: u64,
+        pages: u32,
+    ) -> Result<Vec<(u32, u32)>, Msg> {
+        let no_room = || {
+            err(
+                ErrorCode::NoCapacity,
+                format!("{pages} KV pages are not free"),
+            )
+        };
+        if let Some(k) = self.kv.as_mut() {
             if k.page_bytes != page_bytes {
                 return Err(err(
                     ErrorCode::BadRequest,
                     format!("KV arena has {}-byte pages, not {page_bytes}", k.page_bytes),
                 ));
             }
-            return Ok(());
+            return k.pages.take(pages).ok_or_else(no_room);
         }
-        if page_bytes == 0 || page_bytes > self.cfg.kv_bytes {
-            return Err(err(ErrorCode::BadRequest, "bad KV page size"));
+        let os_page = crate::mapping::page_size();
+        if page_bytes < MIN_KV_PAGE || !page_bytes.is_multiple_of(os_page) {
+            return Err(err(
+                ErrorCode::BadRequest,
+                format!(
+                    "KV page size {page_bytes} must be at least {MIN_KV_PAGE} bytes and a \
+                     multiple of the {os_page}-byte OS page"
+                ),
+            ));
         }
-        let n = (self.cfg.kv_bytes / page_bytes) as u32;
+        if page_bytes > self.cfg.kv_bytes {
+            return Err(err(
+                ErrorCode::BadRequest,
+                format!(
+                    "KV page size {page_bytes} exceeds the {}-byte arena",
+                    self.cfg.kv_bytes
+                ),
+            ));
+        }
+        let Ok(n) = u32::try_from(self.cfg.kv_bytes / page_bytes) else {
+            return Err(err(
+                ErrorCode::BadRequest,
+                format!(
+                    "a {}-byte KV arena of {page_bytes}-byte pages has more than {} pages",
+                    self.cfg.kv_bytes,
+                    u32::MAX
+                ),
+            ));
+        };
+        if pages > n {
+            return Err(no_room());
+        }
         let bytes = u64::from(n) * page_bytes;
         let mut region = self
             .backend
@@ -68,13 +113,15 @@ impl Broker {
         region
             .seal(false)
             .map_err(|e| err(ErrorCode::Backend, e.to_string()))?;
-        tracing::info!(pages = n, page_bytes, "KV arena created");
-        self.kv = Some(Kv {
+        let mut kv = Kv {
             region,
             page_bytes,
             pages: super::pages::Pages::new(n),
-        });
-        Ok(())
+        };
+        let runs = kv.pages.take(pages).ok_or_else(no_room)?;
+        tracing::info!(pages = n, page_bytes, "KV arena created");
+        self.kv = Some(kv);
+        Ok(runs)
     }
 
     pub(super) fn on_alloc_weights(&mut self, peer: u32, epoch: u64, version: u64, bytes: u64) {
@@ -104,6 +151,9 @@ impl Broker {
                 self.weights_ok = true;
                 let (regions, fds) = self.region_infos_unpublished();
                 self.reply(peer, &Msg::Manifest { regions }, &fds);
+            }
+            Err(e @ BackendError::TooLarge { .. }) => {
+                self.reply(peer, &err(ErrorCode::NoCapacity, e.to_string()), &[])
             }
             Err(e) => self.reply(peer, &err(ErrorCode::Backend, e.to_string()), &[]),
         }
@@ -176,6 +226,14 @@ impl Broker {
                 "no unpublished weights of that version",
             ),
         };
+        // The checksum ran in this loop and may have outlasted the lease: the holder was waiting
+        // on us, not silent, so its lease runs from now.
+        let lease = self.cfg.lease;
+        if let Some(l) = self.lease.as_mut()
+            && l.peer == peer
+        {
+            l.deadline = Instant::now() + lease;
+        }
         self.reply(peer, &r, &[]);
     }
 }

@@ -2,6 +2,7 @@
 //! and watch the lease deadline.
 
 use std::os::fd::AsFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
@@ -84,7 +85,7 @@ fn accept_all(b: &mut Broker, listener: &Listener) {
         match listener.accept() {
             Ok(Some(conn)) => {
                 let pid = conn.peer_pid().unwrap_or(0);
-                let pidfd = PidFd::open(pid).ok();
+                let pidfd = PidFd::open(pid).ok().map(Arc::new);
                 if conn.set_nonblocking().is_err() {
                     continue;
                 }

@@ -30,6 +30,22 @@ pub struct LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// A model of no layers and one-wide everything: for tests of layouts, not of the math.
+    #[cfg(test)]
+    pub(crate) fn unit() -> Self {
+        Self {
+            n_layers: 0,
+            dim: 1,
+            ffn: 1,
+            n_heads: 1,
+            n_kv_heads: 1,
+            head_dim: 1,
+            vocab: 1,
+            rope_theta: 1.0,
+            eps: 1.0,
+        }
+    }
+
     /// Key/value width per token and layer.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
@@ -145,9 +161,9 @@ impl Layout {
         self.slots.iter().find(|s| s.name == name)
     }
 
-    /// Region size in bytes.
-    pub fn bytes(&self) -> usize {
-        self.total * 4
+    /// Region size in bytes, `None` if it overflows (a corrupt or hostile layout).
+    pub fn bytes(&self) -> Option<usize> {
+        self.total.checked_mul(4)
     }
 
     /// Serialized form for the region metadata.
@@ -192,4 +208,22 @@ pub fn dequantize_into(g: &Gguf, layout: &Layout, dst: &mut [f32], threads: usiz
             .collect();
         hs.into_iter().all(|h| h.join().unwrap_or(false))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_layout_whose_size_overflows_has_no_byte_size() {
+        let mut l = Layout {
+            config: LlamaConfig::unit(),
+            slots: Vec::new(),
+            total: 100,
+            version: 0,
+        };
+        assert_eq!(l.bytes(), Some(400));
+        l.total = usize::MAX / 4 + 2;
+        assert_eq!(l.bytes(), None);
+    }
 }

@@ -10,8 +10,24 @@ use super::layout::{Layout, LlamaConfig};
 
 /// The weights do not match the layout.
 #[derive(Debug, Error)]
-#[error("weight tensor {0} is missing or outside the region")]
-pub struct ModelError(pub String);
+pub enum ModelError {
+    /// A tensor is missing from the layout or lies outside the region.
+    #[error("weight tensor {0} is missing or outside the region")]
+    Missing(String),
+    /// A tensor's length is not what the configuration's dimensions make it.
+    #[error("weight tensor {name} holds {len} values, but the configuration implies {want}")]
+    Shape {
+        /// Tensor name.
+        name: String,
+        /// Its length in the layout.
+        len: usize,
+        /// Product of its configured dimensions.
+        want: usize,
+    },
+    /// The configuration's dimensions are inconsistent or overflow.
+    #[error("model configuration is inconsistent: {0}")]
+    Config(&'static str),
+}
 
 struct Layer<'w> {
     attn_norm: &'w [f32],
@@ -55,7 +71,14 @@ const CHUNK: usize = 512;
 fn matmul(threads: usize, x: &[f32], m: usize, k: usize, w: &[f32], n: usize, out: &mut [f32]) {
     // out[m×n] = x[m×k] · wᵀ, w row-major [n×k]. Rows are split among threads; each output
     // element's accumulation order depends only on k, never on m or on the split.
-    debug_assert_eq!(w.len(), n * k);
+    // The unsafe sgemm below relies on these lengths.
+    assert!(
+        k > 0 && w.len() == n * k && x.len() == m * k && out.len() == m * n,
+        "matmul shapes: x {} for {m}×{k}, w {} for {n}×{k}, out {} for {m}×{n}",
+        x.len(),
+        w.len(),
+        out.len()
+    );
     let per = m.div_ceil(threads.max(1)).max(1);
     std::thread::scope(|s| {
         for (xc, oc) in x.chunks(per * k).zip(out.chunks_mut(per * n)) {
@@ -115,36 +138,88 @@ fn rope(v: &mut [f32], pos: usize, head_dim: usize, theta: f32) {
     }
 }
 
+/// Lengths of the matrices, in f32 values, that a configuration implies.
+struct Dims {
+    dim_dim: usize,
+    kv_dim: usize,
+    ffn_dim: usize,
+    vocab_dim: usize,
+}
+
+/// Checks that the dimensions agree with each other (heads tile the hidden size, query heads
+/// group over key/value heads) and that every matrix size is representable.
+fn check_config(c: &LlamaConfig) -> Result<Dims, ModelError> {
+    if [
+        c.n_layers,
+        c.dim,
+        c.ffn,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim,
+        c.vocab,
+    ]
+    .contains(&0)
+    {
+        return Err(ModelError::Config("a dimension is zero"));
+    }
+    if c.n_heads.checked_mul(c.head_dim) != Some(c.dim) {
+        return Err(ModelError::Config("n_heads × head_dim is not dim"));
+    }
+    if !c.n_heads.is_multiple_of(c.n_kv_heads) {
+        return Err(ModelError::Config(
+            "n_heads is not a multiple of n_kv_heads",
+        ));
+    }
+    let mul = |a: usize, b: usize| {
+        a.checked_mul(b)
+            .ok_or(ModelError::Config("a matrix size overflows"))
+    };
+    Ok(Dims {
+        dim_dim: mul(c.dim, c.dim)?,
+        kv_dim: mul(mul(c.n_kv_heads, c.head_dim)?, c.dim)?,
+        ffn_dim: mul(c.ffn, c.dim)?,
+        vocab_dim: mul(c.vocab, c.dim)?,
+    })
+}
+
 impl<'w> Llama<'w> {
-    /// Borrows the weights from `region` (the mapped weights, as f32) following `layout`.
+    /// Borrows the weights from `region` (the mapped weights, as f32) following `layout`. Every
+    /// tensor must lie inside the region and have exactly the length the configuration's
+    /// dimensions give it.
     pub fn new(layout: &Layout, region: &'w [f32], threads: usize) -> Result<Self, ModelError> {
-        let get = |name: &str| -> Result<&'w [f32], ModelError> {
-            let s = layout
-                .slot(name)
-                .ok_or_else(|| ModelError(name.to_string()))?;
-            region
-                .get(s.offset..s.offset + s.len)
-                .ok_or_else(|| ModelError(name.to_string()))
-        };
         let c = &layout.config;
+        let dims = check_config(c)?;
+        let get = |name: &str, want: usize| -> Result<&'w [f32], ModelError> {
+            let missing = || ModelError::Missing(name.to_string());
+            let s = layout.slot(name).ok_or_else(missing)?;
+            if s.len != want {
+                return Err(ModelError::Shape {
+                    name: name.to_string(),
+                    len: s.len,
+                    want,
+                });
+            }
+            let end = s.offset.checked_add(s.len).ok_or_else(missing)?;
+            region.get(s.offset..end).ok_or_else(missing)
+        };
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in 0..c.n_layers {
-            let t = |n: &str| get(&format!("blk.{l}.{n}.weight"));
+            let t = |n: &str, want: usize| get(&format!("blk.{l}.{n}.weight"), want);
             layers.push(Layer {
-                attn_norm: t("attn_norm")?,
-                wq: t("attn_q")?,
-                wk: t("attn_k")?,
-                wv: t("attn_v")?,
-                wo: t("attn_output")?,
-                ffn_norm: t("ffn_norm")?,
-                wg: t("ffn_gate")?,
-                wu: t("ffn_up")?,
-                wd: t("ffn_down")?,
+                attn_norm: t("attn_norm", c.dim)?,
+                wq: t("attn_q", dims.dim_dim)?,
+                wk: t("attn_k", dims.kv_dim)?,
+                wv: t("attn_v", dims.kv_dim)?,
+                wo: t("attn_output", dims.dim_dim)?,
+                ffn_norm: t("ffn_norm", c.dim)?,
+                wg: t("ffn_gate", dims.ffn_dim)?,
+                wu: t("ffn_up", dims.ffn_dim)?,
+                wd: t("ffn_down", dims.ffn_dim)?,
             });
         }
-        let embed = get("token_embd.weight")?;
+        let embed = get("token_embd.weight", dims.vocab_dim)?;
         let head = if layout.slot("output.weight").is_some() {
-            get("output.weight")?
+            get("output.weight", dims.vocab_dim)?
         } else {
             embed
         };
@@ -152,7 +227,7 @@ impl<'w> Llama<'w> {
             cfg: c.clone(),
             embed,
             layers,
-            out_norm: get("output_norm.weight")?,
+            out_norm: get("output_norm.weight", c.dim)?,
             head,
             threads: threads.max(1),
         })
@@ -281,5 +356,102 @@ impl<'w> Llama<'w> {
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::layout::{Slot, tensor_names};
+
+    fn config() -> LlamaConfig {
+        LlamaConfig {
+            n_layers: 1,
+            dim: 8,
+            ffn: 12,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            vocab: 10,
+            rope_theta: 10000.0,
+            eps: 1e-5,
+        }
+    }
+
+    /// A packed layout of `c`'s tensors with the lengths `len` gives them.
+    fn layout(c: &LlamaConfig, len: impl Fn(&str) -> usize) -> Layout {
+        let mut slots = Vec::new();
+        let mut at = 0;
+        for name in tensor_names(c) {
+            let n = len(&name);
+            slots.push(Slot {
+                name,
+                offset: at,
+                len: n,
+            });
+            at += n;
+        }
+        Layout {
+            config: c.clone(),
+            slots,
+            total: at,
+            version: 1,
+        }
+    }
+
+    fn true_len(c: &LlamaConfig, name: &str) -> usize {
+        let kv = c.n_kv_heads * c.head_dim;
+        let t = name.trim_end_matches(".weight").rsplit('.').next().unwrap();
+        match t {
+            "token_embd" => c.vocab * c.dim,
+            "attn_norm" | "ffn_norm" | "output_norm" => c.dim,
+            "attn_q" | "attn_output" => c.dim * c.dim,
+            "attn_k" | "attn_v" => kv * c.dim,
+            "ffn_gate" | "ffn_up" | "ffn_down" => c.ffn * c.dim,
+            _ => unreachable!("{name}"),
+        }
+    }
+
+    #[test]
+    fn slots_must_match_the_configured_dimensions() {
+        let c = config();
+        let l = layout(&c, |n| true_len(&c, n));
+        let w = vec![0.01f32; l.total];
+        assert!(Llama::new(&l, &w, 1).is_ok());
+        // The GGUF left out head_count_kv: the config assumes as many K/V heads as query heads,
+        // but the tensors were made for one.
+        let mut wrong = c.clone();
+        wrong.n_kv_heads = 2;
+        let l = layout(&c, |n| true_len(&c, n));
+        let l = Layout { config: wrong, ..l };
+        assert!(matches!(
+            Llama::new(&l, &w, 1),
+            Err(ModelError::Shape { name, len: 32, want: 64 }) if name == "blk.0.attn_k.weight"
+        ));
+        // A head count that does not tile the hidden size.
+        let mut wrong = c.clone();
+        wrong.head_dim = 3;
+        let l = Layout {
+            config: wrong,
+            ..layout(&c, |n| true_len(&c, n))
+        };
+        assert!(matches!(Llama::new(&l, &w, 1), Err(ModelError::Config(_))));
+        // Dimensions whose product overflows.
+        let mut wrong = c.clone();
+        wrong.vocab = usize::MAX / 2;
+        let l = Layout {
+            config: wrong,
+            ..layout(&c, |n| true_len(&c, n))
+        };
+        assert!(matches!(Llama::new(&l, &w, 1), Err(ModelError::Config(_))));
+    }
+
+    #[test]
+    #[should_panic(expected = "matmul shapes")]
+    fn matmul_refuses_a_short_weight_matrix() {
+        let x = vec![1f32; 2 * 4];
+        let w = vec![1f32; 3 * 4 - 1];
+        let mut out = vec![0f32; 2 * 3];
+        matmul(1, &x, 2, 4, &w, 3, &mut out);
     }
 }

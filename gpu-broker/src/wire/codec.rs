@@ -323,11 +323,12 @@ fn body(e: &mut Enc, m: &Msg) {
         }
         Msg::Error { code, message } => {
             e.u16(error_code(*code));
-            let mut m = message.as_bytes();
-            if m.len() > MAX_TEXT {
-                m = &m[..MAX_TEXT];
+            // Cut at a character boundary: the receiver refuses text that is not UTF-8.
+            let mut end = message.len().min(MAX_TEXT);
+            while !message.is_char_boundary(end) {
+                end -= 1;
             }
-            e.bytes(m);
+            e.bytes(&message.as_bytes()[..end]);
         }
     }
 }
@@ -630,6 +631,19 @@ mod tests {
         let at = HEADER_LEN + 8 + 4 + 8 + 4;
         g[at..at + 4].copy_from_slice(&1000u32.to_le_bytes());
         assert!(decode(&g).is_err());
+    }
+
+    #[test]
+    fn a_long_error_message_is_cut_at_a_character_boundary() {
+        // 3 bytes each: byte 4096 falls inside a character.
+        let m = Msg::Error {
+            code: ErrorCode::Backend,
+            message: "€".repeat(2000),
+        };
+        match decode(&encode(&m)).unwrap() {
+            Msg::Error { message, .. } => assert_eq!(message, "€".repeat(MAX_TEXT / 3)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

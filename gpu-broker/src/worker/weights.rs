@@ -24,7 +24,7 @@ impl MappedWeights {
     /// Maps a published weights region read-only.
     pub fn map(r: &RegionFd) -> Result<Self, WorkerError> {
         let layout = Layout::from_meta(&r.info.meta).map_err(WorkerError::Layout)?;
-        if layout.bytes() as u64 > r.info.bytes {
+        if layout.bytes().is_none_or(|b| b as u64 > r.info.bytes) {
             return Err(WorkerError::Protocol(
                 "weights region smaller than its layout".into(),
             ));
@@ -70,15 +70,23 @@ pub fn cold_load(
         None => Gguf::open(model).map_err(WorkerError::Gguf)?,
     };
     let layout = Layout::from_gguf(&g).map_err(WorkerError::Gguf)?;
+    let bytes = layout
+        .bytes()
+        .ok_or_else(|| WorkerError::Protocol("weights layout size overflows".into()))?;
     let region = client
-        .alloc_weights(layout.version, layout.bytes() as u64)
+        .alloc_weights(layout.version, bytes as u64)
         .map_err(WorkerError::Client)?;
+    if region.info.bytes < bytes as u64 {
+        return Err(WorkerError::Protocol(
+            "weights region smaller than its layout".into(),
+        ));
+    }
     let checksum = {
         let mut m = Mapping::new(&region.fd, region.info.bytes as usize, true)
             .map_err(|e| WorkerError::Map("weights (writable)", e))?;
         let bytes = m.bytes_mut();
         // SAFETY: the mapping is page-aligned and writable; we view its first layout.total f32s,
-        // which fit (the region was allocated with layout.bytes()).
+        // which fit (the region holds at least layout.bytes(), checked above).
         let floats = unsafe {
             std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<f32>(), layout.total)
         };
@@ -116,4 +124,41 @@ pub fn scribble(regions: &[RegionFd]) -> Result<(), WorkerError> {
         b[i] ^= 0x5a;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Region;
+    use crate::backend::host::HostRegion;
+    use crate::model::layout::LlamaConfig;
+    use crate::wire::RegionInfo;
+
+    #[test]
+    fn a_layout_larger_than_any_region_is_refused() {
+        let r = HostRegion::create("t", 4096).unwrap();
+        let layout = Layout {
+            config: LlamaConfig::unit(),
+            slots: Vec::new(),
+            // Four bytes each: the byte size wraps to a few bytes without a checked product.
+            total: usize::MAX / 4 + 2,
+            version: 1,
+        };
+        let fd = RegionFd {
+            info: RegionInfo {
+                kind: RegionKind::Weights,
+                bytes: 4096,
+                version: 1,
+                checksum: 0,
+                published: true,
+                page_bytes: 0,
+                meta: layout.to_meta(),
+            },
+            fd: r.handle().try_clone_to_owned().unwrap(),
+        };
+        assert!(matches!(
+            MappedWeights::map(&fd),
+            Err(WorkerError::Protocol(_))
+        ));
+    }
 }
