@@ -1,6 +1,7 @@
 //! Full checkpoint and restore on the reference episode (real containerd, runc, CRIU, overlayfs):
 //! the filesystem tree and the processes come back as they were at the checkpoint instant, in
-//! place and as forks; chains of checkpoints each restore to their own state.
+//! place and as forks; chains of checkpoints each restore to their own state, a long chain too,
+//! compacted in the background while checkpoints go on.
 
 mod common;
 
@@ -472,4 +473,73 @@ fn a_running_exec_is_named_as_not_captured() {
         "init's tree did not come back: {ps}"
     );
     remove(&c, id);
+}
+
+/// A chain longer than the shim's bound is compacted in the background after the checkpoint
+/// that crosses it, while checkpoints go on being asked for back to back: each of them succeeds
+/// (the compaction holds the store's lock for its whole merge; a checkpoint waits for it rather
+/// than fail as "in progress"), and both the compacted checkpoint and the newest, stacked on
+/// it, restore to their own state.
+#[test]
+fn a_long_chain_is_compacted_while_checkpoints_go_on() {
+    const BOUND: usize = 16; // the shim's COMPACT_CHAIN_AT
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start(&c, BELAYER, "long-chain");
+    s.run(&episode::actions(16)[..1]); // the tree tool only
+    let mut taken = Vec::new();
+    for k in 1..=BOUND + 4 {
+        // Each layer adds 16 MiB, so the merge takes a while, and deletes a file an older layer
+        // made (which must stay gone in the merge).
+        let script = format!(
+            "mkdir -p /work && head -c 16777216 /dev/urandom > /work/layer{k} \
+             && rm -f /work/layer{} && echo {k} > /work/k",
+            k.saturating_sub(3)
+        );
+        assert_eq!(s.exec(&script, None).code, 0);
+        // The trees of the two compared below (a tree reads the whole rootfs).
+        let tree = if k == BOUND + 1 || k == BOUND + 4 {
+            s.tree()
+        } else {
+            Vec::new()
+        };
+        let out = c.belayer(&["checkpoint", "long-chain"]);
+        assert_eq!(
+            out.code, 0,
+            "checkpoint {k} (during a compaction?): {out:?}"
+        );
+        taken.push((out.stdout.trim().to_string(), tree));
+    }
+    let chain_len = |id: &str| {
+        let out = c.belayer(&["inspect", "long-chain", id]).ok().stdout;
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["fs_chain"].as_array().map_or(0, Vec::len)
+    };
+    assert_eq!(
+        chain_len(&taken[BOUND - 1].0),
+        BOUND,
+        "a chain at the bound is left as it is"
+    );
+    // The one that crossed the bound, or (had a later one come first and stacked on it) a
+    // later one.
+    assert!(
+        wait_until(Duration::from_secs(60), || taken[BOUND..]
+            .iter()
+            .any(|(id, _)| chain_len(id) == 1)),
+        "no checkpoint past the bound was compacted: {:?}",
+        taken
+            .iter()
+            .map(|(id, _)| chain_len(id))
+            .collect::<Vec<_>>()
+    );
+    let newest = &taken.last().unwrap().0;
+    assert!(
+        chain_len(newest) <= 4,
+        "{newest}: chain of {}",
+        chain_len(newest)
+    );
+    for (id, tree) in [&taken[BOUND], taken.last().unwrap()] {
+        restore(&c, "long-chain", Some(id));
+        assert_same_tree(&format!("checkpoint {id}"), tree, &s.tree());
+    }
+    remove(&c, "long-chain");
 }

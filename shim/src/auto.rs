@@ -281,6 +281,9 @@ impl Inner {
     /// reaches a deleted one is compacted first.
     async fn retain(&self, id: &str) -> Result<()> {
         let shared = self.get(id)?;
+        // Deletes and compactions hold the store's container lock, which a checkpoint needs:
+        // marked busy meanwhile, a checkpoint request waits for them instead of failing.
+        let _busy = self.busy(id)?.when_free().await;
         let (keep, pinned) = {
             let c = shared.lock().await;
             (c.policy.keep, c.mount_chain.clone())

@@ -58,8 +58,9 @@ impl BusySlot {
             .ok_or_else(|| Error::InProgress(id.to_string()))
     }
 
-    /// For the automatic recovery, where an error would lose the container: once whatever is
-    /// under way has ended.
+    /// For the shim's own work that must not be skipped — the automatic recovery, where an
+    /// error would lose the container, and retention's deletes and compactions: once whatever
+    /// is under way has ended.
     pub async fn when_free(&self) -> Busy {
         self.take(true).await
     }
@@ -337,6 +338,7 @@ impl Inner {
         // single layer, in the background, unless the mounted rootfs stacks on its layer.
         if cp.manifest.fs_chain.len() > COMPACT_CHAIN_AT
             && !c.mount_chain.contains(&cp.manifest.seq)
+            && let Ok(slot) = self.busy(id)
         {
             let (store, ns, cid, seq) = (
                 self.store(),
@@ -344,13 +346,26 @@ impl Inner {
                 id.to_string(),
                 cp.manifest.seq,
             );
-            tokio::task::spawn_blocking(move || {
-                if let Err(e) = store.compact(&ns, &cid, seq) {
-                    log::warn!(
-                        "container {cid}: compacting checkpoint {seq}: {}",
-                        chain(&e)
-                    );
-                }
+            // Busy while it merges (it holds the store's container lock, which a checkpoint
+            // needs): a checkpoint request waits for it instead of failing.
+            tokio::spawn(async move {
+                let busy = slot.when_free().await;
+                let _ = tokio::task::spawn_blocking(move || {
+                    let _busy = busy;
+                    match store.compact(&ns, &cid, seq) {
+                        Ok(_) => {}
+                        // A later checkpoint came first and stacks on it: that one is
+                        // compacted in turn.
+                        Err(criu_bridge::store::CompactCheckpointError::Store(
+                            e @ criu_bridge::store::StoreError::InChain { .. },
+                        )) => info!("container {cid}: checkpoint {seq} left as it is: {e}"),
+                        Err(e) => log::warn!(
+                            "container {cid}: compacting checkpoint {seq}: {}",
+                            chain(&e)
+                        ),
+                    }
+                })
+                .await;
             });
         }
         Ok(info)
