@@ -462,7 +462,7 @@ fn one_instant<'a>(
     let capture_at = Instant::now();
     let captured = capture_layer(req.upper_dir, parent_index, &pending.fs_dir());
     t.fs_capture_us = micros(capture_at);
-    let captured = captured.map_err(|source| match source {
+    let (index, stats) = captured.map_err(|source| match source {
         CaptureError::DiskFull(e) => CheckpointError::DiskFull { path: e.path },
         source => CheckpointError::Capture {
             id: id.into(),
@@ -471,7 +471,7 @@ fn one_instant<'a>(
     })?;
     if !req.leave_running {
         t.frozen_us = micros(frozen_at);
-        return Ok((captured.0, captured.1, Some(thaw)));
+        return Ok((index, stats, Some(thaw)));
     }
     if thaw.armed {
         let thaw_at = Instant::now();
@@ -485,7 +485,7 @@ fn one_instant<'a>(
         t.thaw_us = micros(thaw_at);
     }
     t.frozen_us = micros(frozen_at);
-    Ok((captured.0, captured.1, None))
+    Ok((index, stats, None))
 }
 
 /// The manifest of checkpoint `seq` (files, sizes and figures are filled in later).

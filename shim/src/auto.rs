@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::RestoreInfo;
 use crate::container::Container;
 use crate::error::Result;
-use crate::task::{EXEC_NOT_STARTED, Inner};
+use crate::task::{EXEC_NOT_STARTED, Inner, SIGKILLED};
 
 pub const CHECKPOINT_ANNOTATION: &str = "io.belayer.checkpoint";
 pub const RECOVER_ANNOTATION: &str = "io.belayer.recover";
@@ -30,8 +30,6 @@ const CRASH_LOOP_RECOVERIES: usize = 3;
 /// [`REPLAY_MIN`], before it is killed: the container is held while actions replay.
 const REPLAY_SLACK: u32 = 4;
 const REPLAY_MIN: Duration = Duration::from_secs(30);
-/// The exit status of a process killed by SIGKILL.
-const SIGKILLED: u32 = 128 + libc::SIGKILL as u32;
 const CRASH_LOOP_WINDOW_MS: u64 = 60_000;
 /// Topic of the event published when a container was recovered (a `TaskStart` with the new pid).
 pub const RECOVERED_TOPIC: &str = "/tasks/belayer/recovered";

@@ -58,7 +58,7 @@ pub struct Container {
     /// Its init's death is intended, no crash to recover from: containerd sent it a stopping
     /// signal, an exit-mode checkpoint ends it, or the task is being deleted.
     pub killed: bool,
-    /// Other signals containerd sent init (a bit per signal, `1 << (n - 1)`): a death by one of
+    /// Other signals containerd sent init (a bit per signal, [`signal_bit`]): a death by one of
     /// them was asked for too; the init may also live on (a reload on SIGHUP, say).
     pub signalled: u64,
     /// The task is deleted: no restore may bring it back.
@@ -124,6 +124,11 @@ pub async fn spawn_process(
     Ok((pid, pending.finish(paths)?))
 }
 
+/// The bit of signal `n` (1 to 64) in [`Container::signalled`].
+fn signal_bit(n: u32) -> Option<u64> {
+    (1..=64).contains(&n).then(|| 1 << (n - 1))
+}
+
 impl Container {
     pub fn new(id: &str, bundle: PathBuf, init: Process, journal: crate::journal::Journal) -> Self {
         Self {
@@ -186,8 +191,8 @@ impl Container {
     pub fn recovers_from(&self, exit_status: u32) -> bool {
         let by_signal = exit_status
             .checked_sub(128)
-            .filter(|s| (1..=64).contains(s))
-            .is_some_and(|s| self.signalled & (1 << (s - 1)) != 0);
+            .and_then(signal_bit)
+            .is_some_and(|bit| self.signalled & bit != 0);
         self.recovers() && !by_signal
     }
 
@@ -197,8 +202,8 @@ impl Container {
         const STOPPING: [i32; 4] = [libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGQUIT];
         if all || STOPPING.contains(&(signal as i32)) {
             self.killed = true;
-        } else if (1..=64).contains(&signal) {
-            self.signalled |= 1 << (signal - 1);
+        } else if let Some(bit) = signal_bit(signal) {
+            self.signalled |= bit;
         }
     }
 

@@ -78,7 +78,7 @@ impl Shim for Service {
         crate::rootfs::unmount(&bundle.join("rootfs"));
         crate::control::remove(&self.namespace, &self.id);
         Ok(DeleteResponse {
-            exit_status: 128 + libc::SIGKILL as u32,
+            exit_status: crate::task::SIGKILLED,
             exited_at: MessageField::some(crate::process::now()),
             ..Default::default()
         })

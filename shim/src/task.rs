@@ -38,6 +38,9 @@ use crate::stdio::StdioPaths;
 /// The exit code journalled for an exec runc could not start (the replay of one meets it too).
 pub const EXEC_NOT_STARTED: u32 = 255;
 
+/// The exit status of a process killed by SIGKILL.
+pub const SIGKILLED: u32 = 128 + libc::SIGKILL as u32;
+
 type Shared = Arc<Mutex<Container>>;
 
 /// A container in the shim's table, and what can be asked of it without its lock.

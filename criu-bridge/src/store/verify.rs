@@ -312,31 +312,34 @@ pub fn verify_checkpoint(
     verify_dir(cp, level)?;
     let m = &cp.manifest;
     for &seq in m.fs_chain.iter().filter(|s| **s != m.seq) {
-        let member = store
-            .load(&m.namespace, &m.container, seq)
-            .map_err(|e| match e {
-                super::StoreError::Format(f) => VerifyError::Format(f),
-                _ => VerifyError::ChainBroken {
-                    container: m.container.clone(),
-                    seq,
-                },
-            })?;
-        // Only the layer of a chain member is needed to restore this checkpoint.
-        verify_part(&member, level, super::manifest::FS_DIR)?;
+        verify_layer_of(store, &m.namespace, &m.container, seq, level)?;
     }
     for l in &m.image_lowers {
         if !l.is_dir() {
             return Err(VerifyError::MissingImageLower(l.clone()));
         }
         if let Some((namespace, container, seq)) = store.layer_owner(l) {
-            let owner = store
-                .load(&namespace, &container, seq)
-                .map_err(|e| match e {
-                    super::StoreError::Format(f) => VerifyError::Format(f),
-                    _ => VerifyError::ChainBroken { container, seq },
-                })?;
-            verify_part(&owner, level, super::manifest::FS_DIR)?;
+            verify_layer_of(store, &namespace, &container, seq, level)?;
         }
     }
     Ok(())
+}
+
+/// Verifies the fs layer of checkpoint `seq` of `container`, one a restore stacks on: only its
+/// layer is needed, not its CRIU images.
+fn verify_layer_of(
+    store: &Store,
+    namespace: &str,
+    container: &str,
+    seq: u64,
+    level: VerifyLevel,
+) -> Result<(), VerifyError> {
+    let cp = store.load(namespace, container, seq).map_err(|e| match e {
+        super::StoreError::Format(f) => VerifyError::Format(f),
+        _ => VerifyError::ChainBroken {
+            container: container.into(),
+            seq,
+        },
+    })?;
+    verify_part(&cp, level, super::manifest::FS_DIR)
 }

@@ -235,14 +235,21 @@ fn a_peer_lost_twice_still_has_its_death_confirmed() {
     assert_eq!(kv.pages.free_count(), 256, "pages stayed retired");
 }
 
+/// A primary granted the lease and a shadow queued behind it: the shadow's peer id and
+/// connection, and the primary's connection (kept open by the caller).
+fn granted_with_shadow_waiting(b: &mut Broker) -> (u32, Conn, Conn) {
+    let (p, pw) = connect(b, Role::Primary, None);
+    acquire(b, p, PAGE, 1).unwrap();
+    grant_epoch(&pw);
+    let (s, sw) = connect(b, Role::Shadow, None);
+    acquire(b, s, PAGE, 1).unwrap();
+    (s, sw, pw)
+}
+
 #[test]
 fn a_second_acquire_while_waiting_drops_the_connection() {
     let mut b = broker(1 << 20);
-    let (p, w) = connect(&mut b, Role::Primary, None);
-    acquire(&mut b, p, PAGE, 1).unwrap();
-    grant_epoch(&w);
-    let (s, _sw) = connect(&mut b, Role::Shadow, None);
-    acquire(&mut b, s, PAGE, 1).unwrap();
+    let (s, _sw, _pw) = granted_with_shadow_waiting(&mut b);
     assert!(acquire(&mut b, s, PAGE, 1).is_err());
     assert_eq!(b.shadows.len(), 1);
 }
@@ -250,11 +257,7 @@ fn a_second_acquire_while_waiting_drops_the_connection() {
 #[test]
 fn a_fenced_primary_is_not_promoted_from_its_own_queued_acquire() {
     let mut b = broker(1 << 20);
-    let (p, pw) = connect(&mut b, Role::Primary, None);
-    acquire(&mut b, p, PAGE, 1).unwrap();
-    grant_epoch(&pw);
-    let (s, sw) = connect(&mut b, Role::Shadow, None);
-    acquire(&mut b, s, PAGE, 1).unwrap();
+    let (s, sw, _pw) = granted_with_shadow_waiting(&mut b);
     b.primary_lost("fenced");
     grant_epoch(&sw);
     assert_eq!(b.lease.as_ref().unwrap().peer, s);
