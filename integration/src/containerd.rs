@@ -38,6 +38,26 @@ impl Out {
 }
 
 /// Runs `cmd` with an optional stdin, under a time limit so a hung command fails the test.
+/// How long a containerd may take to serve its API after it started.
+const UP_LIMIT: Duration = Duration::from_secs(60);
+
+/// The goroutine stack dump a containerd log holds after SIGUSR1: logrus writes it as one
+/// quoted message, `=== BEGIN goroutine stack dump ===\n…\n=== END goroutine stack dump ===`.
+fn stack_dump(log: &str) -> Option<String> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("=== BEGIN goroutine stack dump ==="))?;
+    let body = line.split("=== BEGIN goroutine stack dump ===").nth(1)?;
+    let body = body.split("=== END goroutine stack dump ===").next()?;
+    Some(
+        body.replace("\\n", "\n")
+            .replace("\\t", "\t")
+            .replace("\\\"", "\"")
+            .trim()
+            .to_string(),
+    )
+}
+
 pub fn run(cmd: &mut Command, stdin: Option<&[u8]>, limit: Duration) -> Out {
     cmd.stdin(if stdin.is_some() {
         Stdio::piped()
@@ -204,9 +224,14 @@ impl Containerd {
                 )
             }
         };
+        // Each daemon gets its own NRI socket: containerd 2 starts NRI with its CRI service on
+        // the host-wide /var/run/nri/nri.sock by default, whose listener removes, then binds, the
+        // path; two test daemons starting together race there, and the loser dies at start
+        // ("failed to set up NRI for CRI service: … bind: address already in use").
         let config = format!(
             "version = {version}\nroot = \"{d}/root\"\nstate = \"{d}/state\"\n{disabled}\
-             [grpc]\n  address = \"{s}\"\n[ttrpc]\n  address = \"{s}.ttrpc\"\n{plugins}",
+             [grpc]\n  address = \"{s}\"\n[ttrpc]\n  address = \"{s}.ttrpc\"\n\
+             [plugins.'io.containerd.nri.v1.nri']\n  socket_path = \"{d}/nri.sock\"\n{plugins}",
             d = dir.display(),
             s = sock.display()
         );
@@ -306,13 +331,76 @@ impl Containerd {
             .expect("spawn containerd");
         self.child = Some(child);
         let start = Instant::now();
-        while self.ctr(&["version"]).code != 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "containerd did not come up; log:\n{}",
-                std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default()
+        loop {
+            let probe = run(
+                &mut self.ctr_cmd(&["version"]),
+                None,
+                Duration::from_secs(20),
             );
+            if probe.code == 0 {
+                break;
+            }
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                panic!(
+                    "containerd exited at start ({status}); the last lines of its log ({}):\n{}",
+                    self.dir.join("containerd.log").display(),
+                    self.log_lines("", 25),
+                );
+            }
+            if start.elapsed() > UP_LIMIT {
+                // It comes up in a fraction of a second; this long, something in its plugins'
+                // start waits. Its own stack dump says where (read after the log's tail, which
+                // would otherwise end in the dump's one long line).
+                let tail = self.log_lines("", 25);
+                panic!(
+                    "containerd did not come up in {UP_LIMIT:?} (`ctr version`: {}); where its \
+                     start waits:\n{}\nthe last lines of its log ({}):\n{tail}",
+                    probe.stderr.trim(),
+                    self.waiting_goroutines(),
+                    self.dir.join("containerd.log").display(),
+                );
+            }
             std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The goroutines of a containerd whose start hangs that wait in its plugins' start (those
+    /// whose stack names `server.New` or a plugin's init), from the stack dump it logs on
+    /// SIGUSR1; all of the dump's first goroutines if none does.
+    fn waiting_goroutines(&self) -> String {
+        let Some(child) = &self.child else {
+            return "(no containerd)".into();
+        };
+        if let Err(e) = crate::signal(child.id().into(), libc::SIGUSR1) {
+            return format!("(SIGUSR1: {e})");
+        }
+        let log_path = self.dir.join("containerd.log");
+        let start = Instant::now();
+        let dump = loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            if let Some(dump) = stack_dump(&log) {
+                break dump;
+            }
+            if start.elapsed() > Duration::from_secs(3) {
+                return "(no stack dump in its log after SIGUSR1)".into();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let goroutines: Vec<&str> = dump.split("\n\n").collect();
+        let waiting: Vec<&str> = goroutines
+            .iter()
+            .copied()
+            .filter(|g| g.contains("server.New(") || g.contains("InitFn") || g.contains(".Init("))
+            .collect();
+        if waiting.is_empty() {
+            goroutines[..goroutines.len().min(4)].join("\n\n")
+        } else {
+            waiting.join("\n\n")
         }
     }
 
@@ -521,5 +609,26 @@ impl Containerd {
             .into_iter()
             .filter(|p| of_ns.contains(p))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stack_dump;
+
+    #[test]
+    fn a_logged_stack_dump_is_unquoted() {
+        let log = "time=\"t\" level=info msg=\"loading plugin\"\n\
+                   time=\"t\" level=info msg=\"=== BEGIN goroutine stack dump ===\\ngoroutine 1 \
+                   [syscall]:\\nos/exec.(*Cmd).Wait(...)\\n\\tos/exec/exec.go:1 +0x1\\n\\n\
+                   goroutine 7 [select]:\\nmain.f(\\\"x\\\")\\n=== END goroutine stack dump ===\"\n";
+        assert_eq!(
+            stack_dump(log).as_deref(),
+            Some(
+                "goroutine 1 [syscall]:\nos/exec.(*Cmd).Wait(...)\n\tos/exec/exec.go:1 +0x1\n\n\
+                 goroutine 7 [select]:\nmain.f(\"x\")"
+            )
+        );
+        assert_eq!(stack_dump("time=\"t\" msg=\"serving...\"\n"), None);
     }
 }
