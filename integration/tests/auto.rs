@@ -1,8 +1,8 @@
 //! Automatic mode on a 12-turn agent episode with simulated LLM gaps of 1–3 s: checkpoints land
-//! in the gaps (the episode takes no longer than under runc-v2: within 2 % over two runs of each,
-//! interleaved), and a sandbox killed mid-episode comes back at its newest checkpoint with the
-//! journal position reported; one killed while a checkpoint is being taken comes back too, and
-//! the execs sent meanwhile wait for it. A checkpoint asked for during an automatic one waits.
+//! in the gaps (the episode takes no longer than under runc-v2: within 2 %, the faster of two
+//! interleaved runs each), and a sandbox killed mid-episode comes back at its newest checkpoint
+//! with the journal position reported; one killed while a checkpoint is being taken comes back
+//! too, and the execs sent meanwhile wait for it. A checkpoint asked for during an automatic one waits.
 //! An init that exits 0 is not recovered, a crash loop ends, and an exec that cannot start is
 //! journalled as ended. A death asked for (a kill through containerd, an exit-mode checkpoint)
 //! is not recovered; a signal the init survives leaves recovery on.
@@ -190,20 +190,28 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
         .map(|(i, auto)| Episode::run(&c, auto, i))
         .collect();
     drop(alone);
-    let total = |auto: bool| -> Duration {
+    // Each side's faster run is compared: a host stealing CPU from these VMs only ever slows a
+    // run (the CI run that failed on the sums had one Belayer run with 11 s stolen against
+    // 3.6 s), while a cost Belayer adds slows both of its runs.
+    let walls = |auto: bool| {
         episodes
             .iter()
-            .filter(|e| e.auto == auto)
+            .filter(move |e| e.auto == auto)
             .map(|e| e.wall)
-            .sum()
     };
-    let (runc_wall, auto_wall) = (total(false), total(true));
+    let (runc_sum, auto_sum): (Duration, Duration) = (walls(false).sum(), walls(true).sum());
+    let (runc_wall, auto_wall) = (
+        walls(false).min().expect("runc-v2 runs"),
+        walls(true).min().expect("belayer runs"),
+    );
     let overhead = auto_wall.as_secs_f64() / runc_wall.as_secs_f64() - 1.0;
     let each: Vec<String> = episodes.iter().map(|e| format!("{e:?}")).collect();
     let each = each.join("\n");
     println!(
-        "2 × 12 turns each: runc-v2 {runc_wall:?}, belayer auto {auto_wall:?} ({:+.2} %)\n{each}",
-        overhead * 100.0
+        "12 turns, faster of 2 runs each: runc-v2 {runc_wall:?}, belayer auto {auto_wall:?} \
+         ({:+.2} %); sums {runc_sum:?} and {auto_sum:?} ({:+.2} %)\n{each}",
+        overhead * 100.0,
+        (auto_sum.as_secs_f64() / runc_sum.as_secs_f64() - 1.0) * 100.0
     );
     for e in episodes.iter().filter(|e| e.auto) {
         assert!(
@@ -214,8 +222,8 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
     }
     assert!(
         overhead <= 0.02,
-        "automatic mode made the episode {:.2} % slower ({auto_wall:?} vs {runc_wall:?} for two \
-         runs each):\n{each}",
+        "automatic mode made the episode {:.2} % slower ({auto_wall:?} vs {runc_wall:?}, the \
+         faster of two runs each):\n{each}",
         overhead * 100.0
     );
 
