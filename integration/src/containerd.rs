@@ -37,18 +37,14 @@ impl Out {
     }
 }
 
-/// Runs `cmd` with an optional stdin, under a time limit so a hung command fails the test.
 /// How long a containerd may take to serve its API after it started.
 const UP_LIMIT: Duration = Duration::from_secs(60);
 
 /// The goroutine stack dump a containerd log holds after SIGUSR1: logrus writes it as one
 /// quoted message, `=== BEGIN goroutine stack dump ===\n…\n=== END goroutine stack dump ===`.
 fn stack_dump(log: &str) -> Option<String> {
-    let line = log
-        .lines()
-        .find(|l| l.contains("=== BEGIN goroutine stack dump ==="))?;
-    let body = line.split("=== BEGIN goroutine stack dump ===").nth(1)?;
-    let body = body.split("=== END goroutine stack dump ===").next()?;
+    let (_, body) = log.split_once("=== BEGIN goroutine stack dump ===")?;
+    let (body, _) = body.split_once("=== END goroutine stack dump ===")?;
     Some(
         body.replace("\\n", "\n")
             .replace("\\t", "\t")
@@ -58,6 +54,7 @@ fn stack_dump(log: &str) -> Option<String> {
     )
 }
 
+/// Runs `cmd` with an optional stdin, under a time limit so a hung command fails the test.
 pub fn run(cmd: &mut Command, stdin: Option<&[u8]>, limit: Duration) -> Out {
     cmd.stdin(if stdin.is_some() {
         Stdio::piped()
@@ -273,7 +270,7 @@ impl Containerd {
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::File::create(self.dir.join("containerd.log")).expect("log");
+        let log = std::fs::File::create(self.log_path()).expect("log");
         let mut cmd = Command::new(self.binary("containerd"));
         if let Some(config) = &self.belayer_config {
             cmd.env("BELAYER_CONFIG", config);
@@ -348,7 +345,7 @@ impl Containerd {
                 self.child = None;
                 panic!(
                     "containerd exited at start ({status}); the last lines of its log ({}):\n{}",
-                    self.dir.join("containerd.log").display(),
+                    self.log_path().display(),
                     self.log_lines("", 25),
                 );
             }
@@ -362,7 +359,7 @@ impl Containerd {
                      start waits:\n{}\nthe last lines of its log ({}):\n{tail}",
                     probe.stderr.trim(),
                     self.waiting_goroutines(),
-                    self.dir.join("containerd.log").display(),
+                    self.log_path().display(),
                 );
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -379,7 +376,7 @@ impl Containerd {
         if let Err(e) = crate::signal(child.id().into(), libc::SIGUSR1) {
             return format!("(SIGUSR1: {e})");
         }
-        let log_path = self.dir.join("containerd.log");
+        let log_path = self.log_path();
         let start = Instant::now();
         let dump = loop {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
@@ -404,10 +401,15 @@ impl Containerd {
         }
     }
 
+    /// This containerd's log (its shims log there too).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("containerd.log")
+    }
+
     /// The lines of containerd's log (its shims' logs among them) that mention `needle`, the
     /// last `n` of them: what a failing test shows of what the daemons said about a container.
     pub fn log_lines(&self, needle: &str, n: usize) -> String {
-        let log = std::fs::read_to_string(self.dir.join("containerd.log")).unwrap_or_default();
+        let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
         let lines: Vec<&str> = log.lines().filter(|l| l.contains(needle)).collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
     }

@@ -2,10 +2,10 @@
 //! in the gaps (the episode takes no longer than under runc-v2: within 2 %, the faster of two
 //! interleaved runs each), and a sandbox killed mid-episode comes back at its newest checkpoint
 //! with the journal position reported; one killed while a checkpoint is being taken comes back
-//! too, and the execs sent meanwhile wait for it. A checkpoint asked for during an automatic one waits.
-//! An init that exits 0 is not recovered, a crash loop ends, and an exec that cannot start is
-//! journalled as ended. A death asked for (a kill through containerd, an exit-mode checkpoint)
-//! is not recovered; a signal the init survives leaves recovery on.
+//! too, and the execs sent meanwhile wait for it. A checkpoint asked for during an automatic one
+//! waits. An init that exits 0 is not recovered, a crash loop ends, and an exec that cannot start
+//! is journalled as ended. A death asked for (a kill through containerd, an exit-mode
+//! checkpoint) is not recovered; a signal the init survives leaves recovery on.
 
 mod common;
 
@@ -323,7 +323,7 @@ fn automatic_checkpoints_skip_a_task_held_in_vfork() {
         before_turns,
         "a checkpoint with a task held in vfork"
     );
-    let log = std::fs::read_to_string(c.dir.join("containerd.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(c.log_path()).unwrap_or_default();
     assert!(
         log.contains("container vfork-auto: automatic checkpoint skipped for now"),
         "no automatic checkpoint was skipped"
@@ -393,7 +393,7 @@ fn retention_keeps_a_checkpoint_a_running_fork_stacks_on() {
         "1\n",
         "the fork lost a file"
     );
-    let log = std::fs::read_to_string(c.dir.join("containerd.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(c.log_path()).unwrap_or_default();
     assert!(
         log.contains(&format!("retention keeps checkpoint {first}")),
         "retention did not say why it kept {first}"

@@ -418,7 +418,7 @@ fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
     );
     assert_counter_goes_on(&r, "the counter restored from runc's archive");
 
-    let log = std::fs::read_to_string(c.dir.join("containerd.log")).unwrap_or_default();
+    let log = std::fs::read_to_string(c.log_path()).unwrap_or_default();
     assert!(
         log.contains(&format!(
             "container {restored} restored from runc's CRIU images"
