@@ -101,6 +101,8 @@ fn identity(binary: &Path) -> Option<(std::path::PathBuf, u64, u64, i64, i64)> {
 
 /// [`check_criu`], spawning through `spawner` (a shim's reaper must see every child). A binary
 /// that passed once is not run again until the file changes (each checkpoint and restore asks).
+/// The first check holds the others back: a fork of N restores side by side, and all N would
+/// otherwise miss the cache together and run CRIU N times.
 pub fn check_criu_with(
     spawner: &dyn crate::runc::Spawner,
     binary: &Path,
@@ -108,20 +110,13 @@ pub fn check_criu_with(
     type Passed = std::collections::HashMap<(std::path::PathBuf, u64, u64, i64, i64), CriuVersion>;
     static PASSED: std::sync::Mutex<Option<Passed>> = std::sync::Mutex::new(None);
     let id = identity(binary);
-    if let Some(id) = &id
-        && let Some(v) = PASSED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .and_then(|m| m.get(id))
-    {
+    let mut passed = PASSED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(v) = id.as_ref().and_then(|id| passed.as_ref()?.get(id)) {
         return Ok(*v);
     }
     let found = run_version_check(spawner, binary)?;
     if let Some(id) = id {
-        PASSED
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        passed
             .get_or_insert_with(Default::default)
             .insert(id, found);
     }
@@ -183,6 +178,41 @@ mod tests {
         );
         assert!(v < MIN_CRIU_VERSION);
         assert!(parse_version("criu: unknown option").is_none());
+    }
+
+    /// Runs the command, counting the runs; slow enough that concurrent checks overlap.
+    struct Counting(std::sync::atomic::AtomicUsize);
+
+    impl crate::runc::Spawner for Counting {
+        fn output(&self, mut cmd: Command) -> std::io::Result<std::process::Output> {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            cmd.output()
+        }
+    }
+
+    #[test]
+    fn concurrent_checks_of_one_binary_run_it_once() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let criu = dir.path().join("criu");
+        std::fs::write(&criu, "#!/bin/sh\necho 'Version: 4.2.1'\n").unwrap();
+        std::fs::set_permissions(&criu, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let spawner = Counting(Default::default());
+        std::thread::scope(|s| {
+            let checks: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| check_criu_with(&spawner, &criu)))
+                .collect();
+            for c in checks {
+                assert_eq!(c.join().unwrap().unwrap().to_string(), "4.2.1");
+            }
+        });
+        assert_eq!(spawner.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A replaced binary is checked again.
+        std::fs::write(&criu, "#!/bin/sh\necho 'Version: 4.1'\n").unwrap();
+        let e = check_criu_with(&spawner, &criu).unwrap_err();
+        assert!(matches!(e, VersionError::TooOld { .. }), "{e}");
+        assert_eq!(spawner.0.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[test]
