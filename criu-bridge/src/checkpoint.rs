@@ -284,12 +284,14 @@ pub fn checkpoint_container_with(
     let mut attempt = 1;
     let waiting_since = Instant::now();
     let mut backoff = VFORK_RETRY_FIRST;
-    let (pending, mut t, index, capture, frozen) = loop {
+    let (pending, mut t, index, capture, frozen, instant) = loop {
         let pending = req
             .store
             .begin(&lock)
             .map_err(|e| CheckpointError::store(id, e))?;
         let mut t = Timings::default();
+        // The checkpoint's instant, on the wall clock: the freeze begins now.
+        let instant = SystemTime::now();
         match one_instant(
             req,
             &pending,
@@ -298,7 +300,9 @@ pub fn checkpoint_container_with(
             state.pid,
             &mut t,
         ) {
-            Ok((index, capture, frozen)) => break (pending, t, index, capture, frozen),
+            Ok((index, capture, frozen)) => {
+                break (pending, t, index, capture, frozen, instant);
+            }
             Err(CheckpointError::Blocked { .. })
                 if !req.yield_to_blocked && waiting_since.elapsed() < VFORK_PATIENCE =>
             {
@@ -346,7 +350,7 @@ pub fn checkpoint_container_with(
     let manifest = Manifest {
         criu_stats,
         capture,
-        ..manifest_for(req, parent.as_ref(), pending.seq(), &spec, t)
+        ..manifest_for(req, parent.as_ref(), pending.seq(), &spec, instant, t)
     };
     let cp = pending
         .commit(manifest)
@@ -488,12 +492,14 @@ fn one_instant<'a>(
     Ok((index, stats, None))
 }
 
-/// The manifest of checkpoint `seq` (files, sizes and figures are filled in later).
+/// The manifest of checkpoint `seq`, whose freeze began at `instant` (files, sizes and figures
+/// are filled in later).
 fn manifest_for(
     req: &CheckpointRequest<'_>,
     parent: Option<&Checkpoint>,
     seq: u64,
     spec: &[u8],
+    instant: SystemTime,
     t: Timings,
 ) -> Manifest {
     let mut fs_chain = vec![seq];
@@ -506,7 +512,7 @@ fn manifest_for(
         container: req.id.into(),
         seq,
         parent: parent.map(|p| p.manifest.seq),
-        created_unix_ms: SystemTime::now()
+        created_unix_ms: instant
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64),
         spec_digest: format!(

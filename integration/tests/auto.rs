@@ -1,11 +1,11 @@
-//! Automatic mode on a 12-turn agent episode with simulated LLM gaps of 1–3 s: checkpoints land
-//! in the gaps (the episode takes no longer than under runc-v2: within 2 %, the faster of two
-//! interleaved runs each), and a sandbox killed mid-episode comes back at its newest checkpoint
-//! with the journal position reported; one killed while a checkpoint is being taken comes back
-//! too, and the execs sent meanwhile wait for it. A checkpoint asked for during an automatic one
-//! waits. An init that exits 0 is not recovered, a crash loop ends, and an exec that cannot start
-//! is journalled as ended. A death asked for (a kill through containerd, an exit-mode
-//! checkpoint) is not recovered; a signal the init survives leaves recovery on.
+//! Automatic mode on a 12-turn agent episode with simulated LLM gaps of 1–3 s: checkpoints land in
+//! the gaps (at least 8 per run begin in one, and the episode takes no longer than under runc-v2:
+//! within 2 %, the faster of two interleaved runs each), and a sandbox killed mid-episode comes
+//! back at its newest checkpoint with the journal position reported; one killed while a checkpoint
+//! is being taken comes back too, and the execs sent meanwhile wait for it. A checkpoint asked for
+//! during an automatic one waits. An init that exits 0 is not recovered, a crash loop ends, and an
+//! exec that cannot start is journalled as ended. A death asked for (a kill through containerd, an
+//! exit-mode checkpoint) is not recovered; a signal the init survives leaves recovery on.
 
 mod common;
 
@@ -37,11 +37,35 @@ fn action(turn: usize) -> String {
 }
 
 /// Where one turn's time went: the action's exec, the hint call (run beside the think time,
-/// but the turn waits for it), and the whole turn.
+/// but the turn waits for it), and the whole turn; when the exec was sent and answered, on the
+/// wall clock (a checkpoint's instant is on it).
 struct Turn {
     exec: Duration,
     hint: Duration,
     total: Duration,
+    sent_unix_ms: u64,
+    answered_unix_ms: u64,
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Where a checkpoint whose freeze began at `instant_ms` fell among `turns`: "gap K +X ms" (X ms
+/// after turn K's exec was answered, before turn K+1's was sent), "exec K +X ms" (while turn K's
+/// exec was out), or "before" the first.
+fn placement(turns: &[Turn], instant_ms: u64) -> String {
+    let Some(k) = turns.iter().rposition(|t| t.sent_unix_ms <= instant_ms) else {
+        return "before".into();
+    };
+    let t = &turns[k];
+    if instant_ms < t.answered_unix_ms {
+        format!("exec {} +{} ms", k + 1, instant_ms - t.sent_unix_ms)
+    } else {
+        format!("gap {} +{} ms", k + 1, instant_ms - t.answered_unix_ms)
+    }
 }
 
 impl std::fmt::Debug for Turn {
@@ -85,7 +109,9 @@ fn agent_loop(
     let mut times = Vec::new();
     for t in turns {
         let turn_start = Instant::now();
+        let sent_unix_ms = unix_ms();
         let out = s.exec(&action(t + 1), None);
+        let answered_unix_ms = unix_ms();
         let exec = turn_start.elapsed();
         assert_eq!(out.code, 0, "turn {}: {out:?}", t + 1);
         let hint = std::thread::scope(|scope| {
@@ -106,6 +132,8 @@ fn agent_loop(
             exec,
             hint,
             total: turn_start.elapsed(),
+            sent_unix_ms,
+            answered_unix_ms,
         });
     }
     let wall = start.elapsed();
@@ -129,13 +157,14 @@ fn auto_sandbox<'a>(c: &'a Containerd, id: &str) -> Sandbox<'a> {
 }
 
 /// One timed run of the 12-turn episode in a fresh sandbox: under runc-v2, or under Belayer in
-/// automatic mode with the checkpoints it took.
+/// automatic mode with the checkpoints it took: where each fell among the turns, and how long
+/// it kept the sandbox frozen.
 struct Episode {
     auto: bool,
     wall: Duration,
     turns: Vec<Turn>,
     cpu: Cpu,
-    taken: usize,
+    taken: Vec<String>,
 }
 
 impl Episode {
@@ -149,10 +178,28 @@ impl Episode {
             s.run(&episode::actions(64));
             s
         };
-        let checkpoints = || c.belayer(&["checkpoints", &id]).stdout.lines().count();
-        let before = if auto { checkpoints() } else { 0 };
+        let checkpoints = || -> Vec<String> {
+            let out = c.belayer(&["checkpoints", &id]).stdout;
+            out.lines().map(str::to_string).collect()
+        };
+        let before = if auto { checkpoints() } else { Vec::new() };
         let (wall, turns, cpu) = agent_loop(c, &s, auto, 0..TURNS);
-        let taken = if auto { checkpoints() - before } else { 0 };
+        let taken = if auto { checkpoints() } else { Vec::new() };
+        let taken = taken
+            .iter()
+            .filter(|cp| !before.contains(cp))
+            .map(|cp| {
+                let info: serde_json::Value =
+                    serde_json::from_str(&c.belayer(&["inspect", &id, cp]).stdout)
+                        .unwrap_or_default();
+                let instant = info["created_unix_ms"].as_u64().unwrap_or_default();
+                let frozen_ms = info["timings"]["frozen_us"].as_u64().unwrap_or_default() / 1000;
+                format!(
+                    "{cp}: {} (frozen {frozen_ms} ms)",
+                    placement(&turns, instant)
+                )
+            })
+            .collect();
         remove(c, &id);
         Self {
             auto,
@@ -170,9 +217,15 @@ impl std::fmt::Debug for Episode {
         writeln!(
             f,
             "{runtime} {:?} ({:?}), {} checkpoints",
-            self.wall, self.cpu, self.taken
+            self.wall,
+            self.cpu,
+            self.taken.len()
         )?;
-        write!(f, "  {:?}", self.turns)
+        write!(f, "  {:?}", self.turns)?;
+        if !self.taken.is_empty() {
+            write!(f, "\n  checkpoints at {:?}", self.taken)?;
+        }
+        Ok(())
     }
 }
 
@@ -213,11 +266,13 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
         overhead * 100.0,
         (auto_sum.as_secs_f64() / runc_sum.as_secs_f64() - 1.0) * 100.0
     );
+    // Each began (froze the sandbox) in a think gap, not while an action ran; one begun
+    // while an action was out is not counted.
     for e in episodes.iter().filter(|e| e.auto) {
+        let in_gaps = e.taken.iter().filter(|p| p.contains(": gap ")).count();
         assert!(
-            e.taken >= 8,
-            "only {} automatic checkpoints in {TURNS} turns: {e:?}",
-            e.taken
+            in_gaps >= 8,
+            "only {in_gaps} automatic checkpoints began in the {TURNS} turns' gaps: {e:?}",
         );
     }
     assert!(

@@ -68,6 +68,7 @@ pub struct CheckpointInfo {
     pub namespace: String,
     pub path: PathBuf,
     pub parent: Option<String>,
+    /// The checkpoint's instant (its freeze began), milliseconds since the Unix epoch.
     pub created_unix_ms: u64,
     /// Checkpoints whose filesystem layers this one's rootfs stacks, newest first.
     pub fs_chain: Vec<String>,

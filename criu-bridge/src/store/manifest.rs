@@ -95,7 +95,9 @@ pub struct Manifest {
     pub seq: u64,
     /// The checkpoint this one's filesystem is relative to.
     pub parent: Option<u64>,
-    /// Creation time, milliseconds since the Unix epoch.
+    /// The checkpoint's instant, milliseconds since the Unix epoch: when the freeze began; the
+    /// processes and the fs layer are as they were then (the dump, capture and write follow,
+    /// `timings`). Manifests written before 2026-12-03 hold the time the write began instead.
     pub created_unix_ms: u64,
     /// `sha256:<hex>` of the bundle's config.json at checkpoint time.
     pub spec_digest: String,
