@@ -627,3 +627,29 @@ fn adoption_moves_in_what_is_missing_and_refuses_a_clash() {
     assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
     assert_eq!(clash.list("default", "c1").unwrap(), [1, 2]);
 }
+
+/// An export is a self-contained copy: its chain merged into one layer, verifying on its own and
+/// mounting the exported instant after the store's checkpoints are gone. It leases what it reads
+/// only while it reads it: the checkpoints can be removed afterwards.
+#[test]
+fn an_export_stands_alone_and_leaves_no_lease() {
+    let e = env();
+    sh(&e.merged, "mkdir work; echo x > work/x; echo y > work/y");
+    let c1 = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    sh(&e.merged, "rm work/x; echo 2 > work/y; ln work/y work/y2");
+    fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c1)).unwrap();
+    let at2 = criu_bridge::tree::snapshot_tree(&e.merged).unwrap();
+
+    let dest = e.store.root().with_file_name("exported");
+    let out = e.store.export("default", "c1", 2, &dest).unwrap();
+    assert_eq!(out.manifest.fs_chain, vec![2]);
+    let err = e.store.export("default", "c1", 2, &dest).unwrap_err();
+    assert!(err.to_string().contains("exported"), "{err}");
+
+    e.store.delete("default", "c1", 2).unwrap();
+    e.store.delete("default", "c1", 1).unwrap();
+    let out = Checkpoint::open(&dest).unwrap();
+    criu_bridge::store::verify_dir(&out, VerifyLevel::Full).unwrap();
+    let diff = criu_bridge::tree::diff_trees(&at2, &mounted_tree(&e.store, &out));
+    assert!(diff.is_empty(), "the export of checkpoint 2: {diff:#?}");
+}

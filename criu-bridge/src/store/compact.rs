@@ -86,6 +86,8 @@ impl Store {
         dest: &Path,
     ) -> Result<Checkpoint, CompactCheckpointError> {
         let cp = self.load(namespace, container, seq)?;
+        // Retention, a delete or a compaction must not take a chain member while it is read.
+        let _lease = self.lease(&cp, (namespace, container))?;
         if dest.exists() {
             return Err(
                 StoreError::io("create", dest, std::io::ErrorKind::AlreadyExists.into()).into(),
