@@ -626,6 +626,26 @@ fn adoption_moves_in_what_is_missing_and_refuses_a_clash() {
     );
     assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
     assert_eq!(clash.list("default", "c1").unwrap(), [1, 2]);
+
+    // This store takes checkpoint 2 of its own between the look and the move: a clash too, and
+    // neither checkpoint 2 goes anywhere.
+    let late = e
+        .store
+        .adoption(&again, "default", "c1")
+        .unwrap()
+        .expect("checkpoints to adopt");
+    assert_eq!(seqs(&late), vec![2]);
+    sh(&e.merged, "echo 3 > c");
+    let own = fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c1)).unwrap();
+    let path = own.dir.join("manifest.json");
+    let mut m = Manifest::read(&path).unwrap();
+    m.created_unix_ms += 7;
+    fs::write(&path, m.to_bytes()).unwrap();
+    let err = e.store.adopt(&late).unwrap_err();
+    assert!(matches!(err, StoreError::Clash { seq: 2, .. }), "{err}");
+    let kept = e.store.load("default", "c1", 2).unwrap();
+    assert_eq!(kept.manifest.created_unix_ms, m.created_unix_ms);
+    assert_eq!(again.list("default", "c1").unwrap(), [1, 2]);
 }
 
 /// An export is a self-contained copy: its chain merged into one layer, verifying on its own and

@@ -316,15 +316,17 @@ fn import(
         )));
     };
     let exported = criu_bridge::Store::new(&staging);
-    // Never restore ours in place of theirs: a clash is refused before anything moves.
+    // Never restore ours in place of theirs: a clash is refused before anything moves (and
+    // again at the move, for a number this store took meanwhile).
+    let clash = |e: StoreError| match e {
+        StoreError::Clash { .. } => {
+            Error::FailedPrecondition(format!("{}: {e}", archive.display()))
+        }
+        e => e.into(),
+    };
     let adoption = store
         .adoption(&exported, namespace, container)
-        .map_err(|e| match e {
-            StoreError::Clash { .. } => {
-                Error::FailedPrecondition(format!("{}: {e}", archive.display()))
-            }
-            e => e.into(),
-        })?
+        .map_err(clash)?
         .ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "{} holds no checkpoint of {namespace}/{container}",
@@ -351,7 +353,7 @@ fn import(
             )?;
         }
     }
-    store.adopt(&adoption)?;
+    store.adopt(&adoption).map_err(clash)?;
     Ok(found)
 }
 

@@ -66,7 +66,8 @@ impl Store {
     /// Moves the missing checkpoints of `adoption` into this store (a rename: `from` must be
     /// on the store's filesystem), under the container's lock, so a checkpoint being written
     /// takes the next number. One that another adoption of the same chain moved in first counts
-    /// as moved.
+    /// as moved; one whose number this store took meanwhile (a checkpoint of its own, after
+    /// [`Store::adoption`] looked) is [`StoreError::Clash`], and nothing after it moves.
     pub fn adopt(&self, adoption: &Adoption) -> Result<(), StoreError> {
         if adoption.missing.is_empty() {
             // Nothing to move: no need to wait on a checkpoint being written.
@@ -75,11 +76,20 @@ impl Store {
         let lock = self.lock(&adoption.namespace, &adoption.container)?;
         for cp in &adoption.missing {
             let to = lock.dir.join(cp.manifest.seq.to_string());
-            if let Err(e) = fs::rename(&cp.dir, &to)
-                && !to.join(MANIFEST_FILE).is_file()
-            {
-                return Err(StoreError::io("move", &cp.dir, e));
+            if to.join(MANIFEST_FILE).is_file() {
+                let ours = Checkpoint::open(&to)?;
+                if ours.manifest.created_unix_ms != cp.manifest.created_unix_ms {
+                    return Err(StoreError::Clash {
+                        namespace: adoption.namespace.clone(),
+                        container: adoption.container.clone(),
+                        seq: cp.manifest.seq,
+                        theirs_ms: cp.manifest.created_unix_ms,
+                        ours_ms: ours.manifest.created_unix_ms,
+                    });
+                }
+                continue;
             }
+            fs::rename(&cp.dir, &to).map_err(|e| StoreError::io("move", &cp.dir, e))?;
         }
         Ok(())
     }
