@@ -41,16 +41,7 @@ impl Store {
         for seq in seqs {
             let theirs = from.load(namespace, container, seq)?;
             match self.load(namespace, container, seq) {
-                Ok(ours) if ours.manifest.created_unix_ms != theirs.manifest.created_unix_ms => {
-                    return Err(StoreError::Clash {
-                        namespace: namespace.into(),
-                        container: container.into(),
-                        seq,
-                        theirs_ms: theirs.manifest.created_unix_ms,
-                        ours_ms: ours.manifest.created_unix_ms,
-                    });
-                }
-                Ok(_) => {}
+                Ok(ours) => same_checkpoint(namespace, container, &ours, &theirs)?,
                 Err(StoreError::NotFound { .. }) => missing.push(theirs),
                 Err(e) => return Err(e),
             }
@@ -78,19 +69,32 @@ impl Store {
             let to = lock.dir.join(cp.manifest.seq.to_string());
             if to.join(MANIFEST_FILE).is_file() {
                 let ours = Checkpoint::open(&to)?;
-                if ours.manifest.created_unix_ms != cp.manifest.created_unix_ms {
-                    return Err(StoreError::Clash {
-                        namespace: adoption.namespace.clone(),
-                        container: adoption.container.clone(),
-                        seq: cp.manifest.seq,
-                        theirs_ms: cp.manifest.created_unix_ms,
-                        ours_ms: ours.manifest.created_unix_ms,
-                    });
-                }
+                same_checkpoint(&adoption.namespace, &adoption.container, &ours, cp)?;
                 continue;
             }
             fs::rename(&cp.dir, &to).map_err(|e| StoreError::io("move", &cp.dir, e))?;
         }
         Ok(())
     }
+}
+
+/// Refuses ([`StoreError::Clash`]) when `ours` and `theirs`, both `namespace/container`'s of
+/// one number, are not the same checkpoint: taken at another instant.
+fn same_checkpoint(
+    namespace: &str,
+    container: &str,
+    ours: &Checkpoint,
+    theirs: &Checkpoint,
+) -> Result<(), StoreError> {
+    let (o, t) = (&ours.manifest, &theirs.manifest);
+    if o.created_unix_ms == t.created_unix_ms {
+        return Ok(());
+    }
+    Err(StoreError::Clash {
+        namespace: namespace.into(),
+        container: container.into(),
+        seq: t.seq,
+        theirs_ms: t.created_unix_ms,
+        ours_ms: o.created_unix_ms,
+    })
 }
