@@ -53,18 +53,61 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Where a checkpoint whose freeze began at `instant_ms` fell among `turns`: "gap K +X ms" (X ms
-/// after turn K's exec was answered, before turn K+1's was sent), "exec K +X ms" (while turn K's
-/// exec was out), or "before" the first.
-fn placement(turns: &[Turn], instant_ms: u64) -> String {
-    let Some(k) = turns.iter().rposition(|t| t.sent_unix_ms <= instant_ms) else {
-        return "before".into();
-    };
-    let t = &turns[k];
-    if instant_ms < t.answered_unix_ms {
-        format!("exec {} +{} ms", k + 1, instant_ms - t.sent_unix_ms)
-    } else {
-        format!("gap {} +{} ms", k + 1, instant_ms - t.answered_unix_ms)
+/// Where a checkpoint began among the turns: in the gap after turn K's exec was answered (and
+/// before turn K+1's was sent), while turn K's exec was out, or before the first; `after_ms`
+/// after the answer, or after the send.
+enum Placement {
+    Before,
+    Exec { turn: usize, after_ms: u64 },
+    Gap { turn: usize, after_ms: u64 },
+}
+
+impl Placement {
+    /// Where a checkpoint whose freeze began at `instant_ms` fell among `turns`.
+    fn of(turns: &[Turn], instant_ms: u64) -> Self {
+        let Some(k) = turns.iter().rposition(|t| t.sent_unix_ms <= instant_ms) else {
+            return Self::Before;
+        };
+        let t = &turns[k];
+        if instant_ms < t.answered_unix_ms {
+            Self::Exec {
+                turn: k + 1,
+                after_ms: instant_ms - t.sent_unix_ms,
+            }
+        } else {
+            Self::Gap {
+                turn: k + 1,
+                after_ms: instant_ms - t.answered_unix_ms,
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Before => write!(f, "before"),
+            Self::Exec { turn, after_ms } => write!(f, "exec {turn} +{after_ms} ms"),
+            Self::Gap { turn, after_ms } => write!(f, "gap {turn} +{after_ms} ms"),
+        }
+    }
+}
+
+/// An automatic checkpoint of an episode: where it began, and how long it kept the sandbox
+/// frozen.
+struct Taken {
+    id: String,
+    at: Placement,
+    frozen_ms: u64,
+}
+
+impl std::fmt::Debug for Taken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {:?} (frozen {} ms)",
+            self.id, self.at, self.frozen_ms
+        )
     }
 }
 
@@ -157,14 +200,13 @@ fn auto_sandbox<'a>(c: &'a Containerd, id: &str) -> Sandbox<'a> {
 }
 
 /// One timed run of the 12-turn episode in a fresh sandbox: under runc-v2, or under Belayer in
-/// automatic mode with the checkpoints it took: where each fell among the turns, and how long
-/// it kept the sandbox frozen.
+/// automatic mode with the checkpoints it took.
 struct Episode {
     auto: bool,
     wall: Duration,
     turns: Vec<Turn>,
     cpu: Cpu,
-    taken: Vec<String>,
+    taken: Vec<Taken>,
 }
 
 impl Episode {
@@ -186,18 +228,18 @@ impl Episode {
         let (wall, turns, cpu) = agent_loop(c, &s, auto, 0..TURNS);
         let taken = if auto { checkpoints() } else { Vec::new() };
         let taken = taken
-            .iter()
+            .into_iter()
             .filter(|cp| !before.contains(cp))
             .map(|cp| {
                 let info: serde_json::Value =
-                    serde_json::from_str(&c.belayer(&["inspect", &id, cp]).stdout)
+                    serde_json::from_str(&c.belayer(&["inspect", &id, &cp]).stdout)
                         .unwrap_or_default();
                 let instant = info["created_unix_ms"].as_u64().unwrap_or_default();
-                let frozen_ms = info["timings"]["frozen_us"].as_u64().unwrap_or_default() / 1000;
-                format!(
-                    "{cp}: {} (frozen {frozen_ms} ms)",
-                    placement(&turns, instant)
-                )
+                Taken {
+                    at: Placement::of(&turns, instant),
+                    frozen_ms: info["timings"]["frozen_us"].as_u64().unwrap_or_default() / 1000,
+                    id: cp,
+                }
             })
             .collect();
         remove(c, &id);
@@ -269,7 +311,11 @@ fn automatic_checkpoints_cost_the_episode_nothing_and_recovery_rewinds() {
     // Each began (froze the sandbox) in a think gap, not while an action ran; one begun
     // while an action was out is not counted.
     for e in episodes.iter().filter(|e| e.auto) {
-        let in_gaps = e.taken.iter().filter(|p| p.contains(": gap ")).count();
+        let in_gaps = e
+            .taken
+            .iter()
+            .filter(|t| matches!(t.at, Placement::Gap { .. }))
+            .count();
         assert!(
             in_gaps >= 8,
             "only {in_gaps} automatic checkpoints began in the {TURNS} turns' gaps: {e:?}",
