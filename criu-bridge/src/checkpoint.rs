@@ -281,6 +281,11 @@ pub fn checkpoint_container_with(
         Some(p) => Some(p.read_index().map_err(|e| CheckpointError::store(id, e))?),
         None => None,
     };
+    // CRIU's nftables locks already there, so that a lock a killed dump leaves can be told from
+    // one another dump holds (see crate::netlock).
+    let locks_before = crate::netlock::criu_tables(state.pid)
+        .inspect_err(|e| tracing::debug!(container = id, error = %e, "no nftables look"))
+        .ok();
     let mut attempt = 1;
     let waiting_since = Instant::now();
     let mut backoff = VFORK_RETRY_FIRST;
@@ -298,6 +303,7 @@ pub fn checkpoint_container_with(
             parent_index.as_ref(),
             running,
             state.pid,
+            locks_before.as_deref(),
             &mut t,
         ) {
             Ok((index, capture, frozen)) => {
@@ -405,13 +411,15 @@ impl CheckpointError {
 /// The frozen window: pause (if `pause`) → a look for a vfork in progress under `init` (the
 /// container's init; thawed and [`CheckpointError::Blocked`] if there is one) → dump → capture
 /// → thaw. In exit mode there is no thaw: the guard that thaws the container if what follows
-/// fails is returned instead. Any failure thaws what this call froze.
+/// fails is returned instead. Any failure thaws what this call froze; a failed dump also
+/// releases a network lock CRIU left (one not in `locks_before`).
 fn one_instant<'a>(
     req: &CheckpointRequest<'a>,
     pending: &PendingCheckpoint,
     parent_index: Option<&LayerIndex>,
     pause: bool,
     init: i32,
+    locks_before: Option<&[String]>,
     t: &mut Timings,
 ) -> Result<(LayerIndex, CaptureStats, Option<ThawGuard<'a>>), CheckpointError> {
     let id = req.id;
@@ -446,6 +454,9 @@ fn one_instant<'a>(
         .runc
         .checkpoint(id, &criu_dir, &criu_dir, true, &req.criu)
     {
+        if let Some(before) = locks_before {
+            release_network_lock(id, init, before);
+        }
         let log = CriuLog::read(criu_dir.join("dump.log"));
         // CRIU may not even manage to log ENOSPC when its log shares the full disk.
         let full = log
@@ -490,6 +501,24 @@ fn one_instant<'a>(
     }
     t.frozen_us = micros(frozen_at);
     Ok((index, stats, None))
+}
+
+/// Deletes the network lock a CRIU that died in a dump of container `id` (init `init`) left, so
+/// that the container, thawed, reaches its network again.
+fn release_network_lock(id: &str, init: i32, before: &[String]) {
+    match crate::netlock::release_left(init, before) {
+        Ok(left) if left.is_empty() => {}
+        Ok(left) => tracing::warn!(
+            container = id,
+            tables = ?left,
+            "the failed CRIU dump left its network lock; deleted it"
+        ),
+        Err(e) => tracing::error!(
+            container = id,
+            error = %e,
+            "cannot look for a network lock left by the failed CRIU dump; the container's network may stay blocked"
+        ),
+    }
 }
 
 /// The manifest of checkpoint `seq`, whose freeze began at `instant` (files, sizes and figures

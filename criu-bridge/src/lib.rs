@@ -7,6 +7,7 @@ mod checkpoint;
 pub mod criu;
 pub mod layer;
 pub mod lazy;
+mod netlock;
 mod restore;
 pub mod runc;
 pub mod store;

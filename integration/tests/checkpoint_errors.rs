@@ -460,3 +460,90 @@ fn a_checkpoint_that_running_forks_stack_on_stays_until_they_go() {
     assert_eq!(c.belayer(&["checkpoints", "base"]).stdout, "");
     c.ctr(&["containers", "rm", "base"]).ok();
 }
+
+/// The pid of a `criu` process that holds a file open in a pending checkpoint of container `id`
+/// with a memory image already begun (`pages-*.img` not empty): the dump is under way, its
+/// parasite inside the container's processes.
+fn dumping_criu(c: &Containerd, id: &str) -> Option<i32> {
+    let pending = std::fs::read_dir(c.checkpoints_dir(id))
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("criu"))
+        .find(|p| {
+            p.parent()
+                .and_then(|d| d.file_name())
+                .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-"))
+        })?;
+    let writing = std::fs::read_dir(&pending).ok()?.flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.starts_with("pages-") && e.metadata().is_ok_and(|m| m.len() > 0)
+    });
+    if !writing {
+        return None;
+    }
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+        if comm.trim() != "criu" {
+            return None;
+        }
+        std::fs::read_dir(e.path().join("fd"))
+            .ok()?
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.starts_with(&pending)))
+            .then_some(pid)
+    })
+}
+
+/// CRIU killed in the middle of a dump (the OOM killer, say), with its parasite inside the
+/// container's processes: the checkpoint fails with a clear error, the processes run on with
+/// their memory intact, nothing partial is listed or left mounted, the earlier checkpoint still
+/// restores, and the next checkpoint goes through.
+#[test]
+fn criu_killed_during_a_dump_leaves_the_container_running() {
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start(&c, BELAYER, "oom");
+    s.run(&episode::actions(300));
+    let earlier = checkpoint(&c, "oom");
+    let pid = task_pid(&c, "oom");
+    let mounts = store_mounts(&c);
+
+    let (out, killed) = std::thread::scope(|scope| {
+        let cp = scope.spawn(|| c.belayer(&["checkpoint", "oom"]));
+        let mut killed = None;
+        wait_until(Duration::from_secs(60), || {
+            killed = dumping_criu(&c, "oom");
+            killed.is_some() || cp.is_finished()
+        });
+        if let Some(criu) = killed {
+            // SAFETY: kill(2) on a pid just read from /proc; at worst it names no process.
+            unsafe { libc::kill(criu, libc::SIGKILL) };
+        }
+        (cp.join().unwrap(), killed)
+    });
+    assert!(killed.is_some(), "no CRIU dump was caught: {out:?}");
+    assert_clear_error(&out, "criu dump of container");
+    assert_eq!(task_status(&c, "oom"), "RUNNING");
+    assert_eq!(task_pid(&c, "oom"), pid, "the container's init changed");
+    let (now, start) = s.holder_digests();
+    assert!(
+        !now.is_empty() && now == start,
+        "the background process's memory changed: {now:?} vs {start:?}"
+    );
+    let before = s.counter().len();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(s.counter().len() > before, "the counter stopped");
+    assert_eq!(
+        c.belayer(&["checkpoints", "oom"]).stdout.trim(),
+        earlier,
+        "a partial checkpoint is listed"
+    );
+    assert_eq!(store_mounts(&c), mounts, "a mount was leaked");
+
+    // The next checkpoint goes through, and the earlier one still restores.
+    let next = checkpoint(&c, "oom");
+    assert_ne!(next, earlier);
+    restore(&c, "oom", Some(&earlier));
+    assert_processes_intact(&s);
+    remove(&c, "oom");
+}
