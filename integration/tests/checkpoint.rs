@@ -325,6 +325,29 @@ fn journal_rewind_and_replay() {
     remove(&c, "replay");
 }
 
+/// Starts the episode's 256 MB holder in `s`, checkpoints it, and restores it lazily until the
+/// lazy-pages daemon is caught still filling: stopped (SIGSTOP), its pid returned.
+fn stopped_lazy_fill(s: &Sandbox) -> i64 {
+    let holder: Vec<_> = episode::actions(256)
+        .into_iter()
+        .filter(|a| matches!(a.name, "upload-holder" | "start-holder"))
+        .collect();
+    s.run(&holder);
+    let cp = checkpoint(s.c, &s.id);
+    let work = s.c.task_work_dir(&s.id).join(format!("restore-{cp}"));
+    (0..10)
+        .find_map(|_| {
+            restore(s.c, &s.id, Some(&cp));
+            let pid: i64 = std::fs::read_to_string(work.join("lazy-pages.pid"))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            signal(pid, libc::SIGSTOP).ok().map(|()| pid)
+        })
+        .expect("no lazy-pages daemon was still filling after any of 10 restores")
+}
+
 /// After a lazy restore a checkpoint waits for the memory fill (pages not yet filled would look
 /// absent to a dump) — here for a lazy-pages daemon the test has stopped — without holding the
 /// container: the agent's execs go on meanwhile. Then the fill goes on and the checkpoint
@@ -333,25 +356,7 @@ fn journal_rewind_and_replay() {
 fn a_checkpoint_waits_for_a_lazy_fill_without_holding_the_container() {
     let c = Containerd::start(Flavor::V2);
     let s = Sandbox::start(&c, BELAYER, "filling");
-    let holder: Vec<_> = episode::actions(256)
-        .into_iter()
-        .filter(|a| matches!(a.name, "upload-holder" | "start-holder"))
-        .collect();
-    s.run(&holder);
-    let cp = checkpoint(&c, "filling");
-    let work = c.task_work_dir("filling").join(format!("restore-{cp}"));
-    // Restore lazily and stop the lazy-pages daemon while it still fills.
-    let daemon = (0..10)
-        .find_map(|_| {
-            restore(&c, "filling", Some(&cp));
-            let pid: i64 = std::fs::read_to_string(work.join("lazy-pages.pid"))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()?;
-            signal(pid, libc::SIGSTOP).ok().map(|()| pid)
-        })
-        .expect("no lazy-pages daemon was still filling after any of 10 restores");
+    let daemon = stopped_lazy_fill(&s);
     /// Lets the daemon go on, also when an assertion below fails.
     struct Resume(i64);
     impl Drop for Resume {
@@ -542,4 +547,31 @@ fn a_long_chain_is_compacted_while_checkpoints_go_on() {
         assert_same_tree(&format!("checkpoint {id}"), tree, &s.tree());
     }
     remove(&c, "long-chain");
+}
+
+/// The lazy-pages daemon killed (the OOM killer, say) before it filled the memory of a lazy
+/// restore: the pages it had not delivered would read as zeros, so the container must not run
+/// on with that memory. The shim kills it — a crash the automatic recovery restores from — and
+/// says why in the container's status.
+#[test]
+fn a_lazy_fill_killed_midway_ends_the_container_rather_than_run_on_holes() {
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start(&c, BELAYER, "holes");
+    let daemon = stopped_lazy_fill(&s);
+    signal(daemon, libc::SIGKILL).expect("kill the lazy-pages daemon");
+    let ended = wait_until(Duration::from_secs(10), || {
+        task_status(&c, "holes") == "STOPPED"
+    });
+    let (now, start) = s.holder_digests();
+    assert!(
+        ended,
+        "the container runs on after its memory fill died (holder digest {now:?}, at start \
+         {start:?})"
+    );
+    let status = status(&c, "holes").to_string();
+    assert!(
+        status.contains("lazy-pages"),
+        "the status does not say why the container ended: {status}"
+    );
+    remove(&c, "holes");
 }

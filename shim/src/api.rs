@@ -172,6 +172,10 @@ pub struct Status {
     /// Where the journal stands after the last restore.
     pub position: Option<crate::auto::Position>,
     pub recoveries: Vec<crate::auto::Recovery>,
+    /// Why the shim last killed the container itself: the `criu lazy-pages` daemon filling the
+    /// memory of a lazy restore died first, so the processes' memory was incomplete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fill_failure: Option<String>,
     /// Hints this container's control socket took (from `belayer hint` or `belayer gateway`).
     #[serde(default)]
     pub hints: HintStats,

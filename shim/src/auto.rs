@@ -527,6 +527,7 @@ impl Inner {
             actions: c.journal.completed(),
             position: c.position.clone(),
             recoveries: c.recoveries.clone(),
+            fill_failure: c.fill_failure.clone(),
             // The control socket, which takes the hints, fills these in.
             hints: Default::default(),
         })

@@ -543,6 +543,7 @@ impl Inner {
         runc.systemd_cgroup = c.systemd_cgroup;
         let (runc, id, bundle, pf) = (runc, c.id.clone(), c.bundle.clone(), pid_file.clone());
         let lazy_mode = self.settings.lazy_restore.clone();
+        let label = images.label.clone();
         let report = tokio::task::spawn_blocking(move || {
             let lazy_pages = images.lazy && lazy_restore(&lazy_mode, &runc);
             criu_bridge::restore_processes(
@@ -565,6 +566,7 @@ impl Inner {
         .await
         .map_err(|e| Error::Checkpoint(e.to_string()))??;
         c.lazy_fill = report.lazy.map(Arc::new);
+        let fill = c.lazy_fill.as_ref().map(|f| f.pid());
         let pio = pending.finish(&c.init.paths)?;
         let pid = std::fs::read_to_string(&pid_file)
             .map_err(io(format!("read {}", pid_file.display())))?
@@ -582,7 +584,43 @@ impl Inner {
         c.init.status = Status::RUNNING;
         c.init.clear_exit();
         self.monitor(&c.id, "", pid);
+        if let Some(daemon) = fill {
+            self.watch_fill(&c.id, pid, daemon, label);
+        }
         Ok(pid)
+    }
+
+    /// Kills container `id` (init `init`) if the lazy-pages daemon `daemon`, filling the memory
+    /// of its restore from `label`, ends other than by finishing: the pages it had not delivered
+    /// would read as zeros once its userfaultfd is gone, and the processes would run on with
+    /// holes in their memory. Killed, the container has crashed, which a container that
+    /// recovers restores from; the reason shows in its status (`fill_failure`).
+    fn watch_fill(self: &Arc<Self>, id: &str, init: u32, daemon: i32, label: String) {
+        // The daemon left CRIU's process tree at once: it is this shim's child now (a
+        // subreaper), and its exit comes through the reaper.
+        let exited = crate::reaper::watch(daemon);
+        let (inner, id) = (self.clone(), id.to_string());
+        tokio::spawn(async move {
+            let code = exited.await.unwrap_or(255);
+            if code == 0 {
+                return;
+            }
+            let Ok(c) = inner.get(&id) else { return };
+            let mut c = c.lock().await;
+            if c.init.pid != init || c.init.status == Status::STOPPED {
+                return;
+            }
+            let why = format!(
+                "criu lazy-pages (pid {daemon}) ended with status {code} before it had filled \
+                 the memory of the restore from checkpoint {label}; the processes' memory was incomplete, \
+                 so the shim killed the container"
+            );
+            log::error!("container {id}: {why}");
+            c.fill_failure = Some(why);
+            if let Err(e) = inner.runc.kill(&id, libc::SIGKILL as u32, true).await {
+                log::error!("container {id}: cannot kill it after its memory fill died: {e}");
+            }
+        });
     }
 
     /// Restores container `id` in place from checkpoint `seq` (default: newest), whether its

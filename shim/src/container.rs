@@ -66,6 +66,8 @@ pub struct Container {
     /// The daemon still filling memory after a lazy restore; a checkpoint waits for it (a dump
     /// would see the pages not yet filled as absent), without holding the container.
     pub lazy_fill: Option<Arc<criu_bridge::lazy::LazyPages>>,
+    /// Why the shim last killed the container itself: the memory fill of a lazy restore died.
+    pub fill_failure: Option<String>,
     /// The exec'd processes the last checkpoint warned it does not hold.
     pub uncaptured_warned: Vec<criu_bridge::UncapturedExec>,
 }
@@ -141,6 +143,7 @@ impl Container {
             signalled: 0,
             deleted: false,
             lazy_fill: None,
+            fill_failure: None,
             uncaptured_warned: Vec::new(),
             id: id.to_string(),
             rootfs: bundle.join("rootfs"),
