@@ -171,8 +171,13 @@ pub fn criu_tables(pid: i32) -> Result<Vec<String>, String> {
 }
 
 /// Deletes the CRIU lock tables in the network namespace of `pid` that are not in `before`
-/// (what [`criu_tables`] listed before the dump): those a dead CRIU left. Returns them.
+/// (what [`criu_tables`] listed before the dump): those a dead CRIU left. Returns them. Nothing
+/// to do when `pid` is gone (a container that died in the dump): its own namespace went with
+/// it, and in a shared one CRIU's table drops only the dead container's connections.
 pub fn release_left(pid: i32, before: &[String]) -> Result<Vec<String>, String> {
+    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Ok(Vec::new());
+    }
     in_netns(pid, |ctx| {
         let left: Vec<String> = parse_tables(&ctx.run("list tables")?)
             .into_iter()
