@@ -21,8 +21,8 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::sync::OnceLock;
 
-/// The prefix of CRIU's lock tables, as `nft list tables` prints them.
-const TABLE_PREFIX: &str = "table inet CRIU-";
+/// The prefix of CRIU's lock tables (family and name).
+const TABLE_PREFIX: &str = "inet CRIU-";
 
 /// libnftables' entry points (libnftables.so.1, API 1).
 struct Nft {
@@ -160,7 +160,7 @@ fn parse_tables(listing: &str) -> Vec<String> {
     listing
         .lines()
         .filter_map(|l| l.trim().strip_prefix("table "))
-        .filter(|t| t.starts_with(&TABLE_PREFIX["table ".len()..]))
+        .filter(|t| t.starts_with(TABLE_PREFIX))
         .map(str::to_string)
         .collect()
 }
@@ -175,7 +175,7 @@ pub fn criu_tables(pid: i32) -> Result<Vec<String>, String> {
 /// to do when `pid` is gone (a container that died in the dump): its own namespace went with
 /// it, and in a shared one CRIU's table drops only the dead container's connections.
 pub fn release_left(pid: i32, before: &[String]) -> Result<Vec<String>, String> {
-    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+    if crate::blocked::is_dead(pid) {
         return Ok(Vec::new());
     }
     in_netns(pid, |ctx| {

@@ -461,19 +461,16 @@ fn a_checkpoint_that_running_forks_stack_on_stays_until_they_go() {
     c.ctr(&["containers", "rm", "base"]).ok();
 }
 
-/// The pid of a `criu` process that holds a file open in a pending checkpoint of container `id`
-/// with a memory image already begun (`pages-*.img` not empty): the dump is under way, its
-/// parasite inside the container's processes.
-fn dumping_criu(c: &Containerd, id: &str) -> Option<i32> {
+/// The pid of the CRIU dumping container `id` (init `init`) once its memory image is begun
+/// (`pages-*.img` not empty in the pending checkpoint): the dump is under way, its parasite
+/// inside the container's processes.
+fn dumping_criu(c: &Containerd, id: &str, init: &str) -> Option<i32> {
     let pending = std::fs::read_dir(c.checkpoints_dir(id))
         .ok()?
         .flatten()
-        .map(|e| e.path().join("criu"))
-        .find(|p| {
-            p.parent()
-                .and_then(|d| d.file_name())
-                .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-"))
-        })?;
+        .find(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))?
+        .path()
+        .join("criu");
     let writing = std::fs::read_dir(&pending).ok()?.flatten().any(|e| {
         let name = e.file_name().to_string_lossy().into_owned();
         name.starts_with("pages-") && e.metadata().is_ok_and(|m| m.len() > 0)
@@ -481,18 +478,20 @@ fn dumping_criu(c: &Containerd, id: &str) -> Option<i32> {
     if !writing {
         return None;
     }
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-        if comm.trim() != "criu" {
-            return None;
-        }
-        std::fs::read_dir(e.path().join("fd"))
-            .ok()?
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t.starts_with(&pending)))
-            .then_some(pid)
-    })
+    // CRIU retitles runc's `criu swrk 3` as `criu: dump --rpc -t <init>`.
+    let title = format!("dump --rpc -t {init}");
+    let titled = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|raw| {
+            // Not the dump of an init whose pid begins with this one's.
+            String::from_utf8_lossy(&raw)
+                .trim_end_matches(['\0', ' '])
+                .ends_with(&title)
+        })
+    };
+    belayer_integration::leaks::pids_mentioning(&title)
+        .into_iter()
+        .find(titled)
+        .map(|pid| pid as i32)
 }
 
 /// CRIU killed in the middle of a dump (the OOM killer, say), with its parasite inside the
@@ -512,7 +511,7 @@ fn criu_killed_during_a_dump_leaves_the_container_running() {
         let cp = scope.spawn(|| c.belayer(&["checkpoint", "oom"]));
         let mut killed = None;
         wait_until(Duration::from_secs(60), || {
-            killed = dumping_criu(&c, "oom");
+            killed = dumping_criu(&c, "oom", &pid);
             killed.is_some() || cp.is_finished()
         });
         if let Some(criu) = killed {
