@@ -560,19 +560,10 @@ fn a_lease_keeps_its_checkpoints_until_released() {
 #[test]
 fn adoption_moves_in_what_is_missing_and_refuses_a_clash() {
     let e = env();
-    sh(&e.merged, "echo 1 > a");
-    let c1 = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
-    sh(&e.merged, "echo 2 > b");
-    fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c1)).unwrap();
+    let c1 = chain_of_two(&e);
     let copy = |name: &str| {
         let root = e._tmp.path().join(name);
-        let copied = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(e.store.root())
-            .arg(&root)
-            .status()
-            .unwrap();
-        assert!(copied.success());
+        copy_tree(e.store.root(), &root);
         Store::new(root)
     };
     let theirs = copy("theirs");
@@ -672,4 +663,293 @@ fn an_export_stands_alone_and_leaves_no_lease() {
     criu_bridge::store::verify_dir(&out, VerifyLevel::Full).unwrap();
     let diff = criu_bridge::tree::diff_trees(&at2, &mounted_tree(&e.store, &out));
     assert!(diff.is_empty(), "the export of checkpoint 2: {diff:#?}");
+}
+
+/// `cp -a from to`.
+fn copy_tree(from: &Path, to: &Path) {
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+}
+
+/// Checkpoints 1 and 2 of container c1, 2 stacked on 1; returns 1.
+fn chain_of_two(e: &Env) -> Checkpoint {
+    sh(&e.merged, "echo 1 > a");
+    let c1 = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    sh(&e.merged, "echo 2 > b");
+    fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c1)).unwrap();
+    c1
+}
+
+/// The checkpoint in `dir`, its manifest read as it is (no confinement checks).
+fn raw_checkpoint(dir: &Path) -> Checkpoint {
+    Checkpoint {
+        dir: dir.into(),
+        manifest: serde_json::from_slice(&fs::read(dir.join("manifest.json")).unwrap()).unwrap(),
+    }
+}
+
+/// Rewrites checkpoint `cp`'s manifest as `edit` says (an archive's author can write anything).
+fn forge(cp: &Checkpoint, edit: impl FnOnce(&mut Manifest)) {
+    let path = cp.dir.join("manifest.json");
+    // As it is: no checks, for a forged one is what the test reads back.
+    let mut m: Manifest = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    edit(&mut m);
+    fs::write(&path, m.to_bytes()).unwrap();
+}
+
+/// A `criu_dir` or `fs_dir` outside the checkpoint (absolute, `..`) or through a symlink (to a
+/// host dir) is refused when the checkpoint is loaded: nothing is created, moved or mounted by
+/// its name. The symlinked `fs` is recorded in the manifest as a symlink, so verification alone
+/// passes it.
+#[test]
+fn paths_a_manifest_names_stay_inside_its_checkpoint() {
+    let e = env();
+    sh(&e.merged, "echo 1 > a");
+    let cp = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    let cron = e._tmp.path().join("cron.d");
+    for criu_dir in [cron.display().to_string(), "../../../../cron.d".into()] {
+        forge(&cp, |m| m.criu_dir = criu_dir.clone());
+        let err = e.store.load("default", "c1", 1).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                StoreError::Format(FormatError::Invalid {
+                    field: "criu_dir",
+                    ..
+                })
+            ),
+            "{criu_dir}: {err}"
+        );
+        let err = Checkpoint::open(&cp.dir).unwrap_err();
+        assert!(err.to_string().contains("criu_dir"), "{err}");
+    }
+    forge(&cp, |m| m.criu_dir = "criu".into());
+
+    // `fs` swapped for a symlink to a host dir, the manifest made to match.
+    let host = e._tmp.path().join("host-etc");
+    fs::create_dir_all(&host).unwrap();
+    fs::write(host.join("shadow"), "root:secret").unwrap();
+    fs::remove_dir_all(cp.fs_dir()).unwrap();
+    std::os::unix::fs::symlink(&host, cp.fs_dir()).unwrap();
+    forge(&cp, |m| {
+        m.files.retain(|f| !f.path.starts_with("fs/"));
+        let target = host.display().to_string();
+        let fs_entry = m.files.iter_mut().find(|f| f.path == "fs").unwrap();
+        fs_entry.kind = 'l';
+        fs_entry.size = 0;
+        fs_entry.sha256 = Some(criu_bridge::tree::hex(
+            &<sha2::Sha256 as sha2::Digest>::digest(target.as_bytes()),
+        ));
+    });
+    criu_bridge::store::verify_dir(&raw_checkpoint(&cp.dir), VerifyLevel::Full)
+        .expect("the forged manifest matches the dir");
+    let err = e.store.load("default", "c1", 1).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Unconfined { what: "fs_dir", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("symlink"), "{err}");
+    assert!(
+        !cron.exists() && fs::read_dir(&host).unwrap().count() == 1,
+        "something was written outside the checkpoint"
+    );
+}
+
+/// `checkpoints/<ns>/<c>` as a symlink to another container's dir (what an archive can unpack)
+/// is refused: the other container's checkpoints are neither listed, locked nor moved as this
+/// one's.
+#[test]
+fn a_symlinked_container_dir_is_refused() {
+    let e = env();
+    sh(&e.merged, "echo 1 > a");
+    fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    let victim = e.store.container_dir("default", "c1").unwrap();
+    let evil = e.store.container_dir("default", "evil").unwrap();
+    std::os::unix::fs::symlink(&victim, &evil).unwrap();
+    for err in [
+        e.store.list("default", "evil").unwrap_err(),
+        e.store.lock("default", "evil").unwrap_err(),
+        e.store.load("default", "evil", 1).unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                &err,
+                StoreError::Unconfined {
+                    what: "container dir" | "manifest",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+    assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
+}
+
+/// A checkpoint id past 2^32 (an archive's `18446744073709551615`) is not a checkpoint: it is
+/// never listed nor newest, and the next id is the next of the real ones, never a wrapped 0.
+#[test]
+fn checkpoint_ids_are_bounded_and_never_wrap() {
+    let e = env();
+    sh(&e.merged, "echo 1 > a");
+    let c1 = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    let huge = c1.dir.with_file_name(u64::MAX.to_string());
+    copy_tree(&c1.dir, &huge);
+    forge(&raw_checkpoint(&huge), |m| {
+        m.seq = u64::MAX;
+        m.fs_chain = vec![u64::MAX];
+    });
+    assert_eq!(e.store.list("default", "c1").unwrap(), [1]);
+    let latest = e.store.latest("default", "c1").unwrap().unwrap();
+    assert_eq!(latest.manifest.seq, 1);
+    assert!(e.store.load("default", "c1", u64::MAX).is_err());
+    sh(&e.merged, "echo 2 > b");
+    let c2 = fake_checkpoint(&e.store, &e.upper, &e.lower, Some(&c1)).unwrap();
+    assert_eq!(c2.manifest.seq, 2);
+}
+
+/// An imported chain becomes the importer's: claimed under its namespace and id, on its image
+/// lower dirs, whatever the archive's manifests name; an archive with more than one chain, a
+/// checkpoint id out of range, another number of image layers, or a chain member it lacks is
+/// refused before anything moves.
+#[test]
+fn an_import_is_claimed_by_the_importer_and_stacks_only_on_itself() {
+    let e = env();
+    chain_of_two(&e);
+    let n = std::sync::atomic::AtomicU32::new(0);
+    let staging = || {
+        // What an export's archive holds: the one container's dir.
+        let root = e._tmp.path().join(format!(
+            "staging-{}",
+            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        fs::create_dir_all(root.join("checkpoints/default")).unwrap();
+        copy_tree(
+            &e.store.container_dir("default", "c1").unwrap(),
+            &root.join("checkpoints/default"),
+        );
+        Store::new(root)
+    };
+    let image = vec![e._tmp.path().join("snapshot-of-the-importer")];
+    fs::create_dir_all(&image[0]).unwrap();
+
+    // The archive names default/c1 and a host dir as image lower: claimed as ns2/importer, on
+    // the importer's snapshot.
+    let s = staging();
+    forge(&s.load("default", "c1", 2).unwrap(), |m| {
+        m.image_lowers.push("/etc".into())
+    });
+    let err = s.claim("ns2", "importer", &image).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            StoreError::ImageLowers {
+                seq: 2,
+                found: 2,
+                expected: 1
+            }
+        ),
+        "{err}"
+    );
+    forge(&s.load("default", "c1", 2).unwrap(), |m| {
+        m.image_lowers = vec!["/etc".into()]
+    });
+    assert_eq!(s.claim("ns2", "importer", &image).unwrap(), [1, 2]);
+    for seq in [1, 2] {
+        let m = s.load("ns2", "importer", seq).unwrap().manifest;
+        assert_eq!(
+            (m.namespace.as_str(), m.container.as_str(), &m.image_lowers),
+            ("ns2", "importer", &image)
+        );
+    }
+    let a = e.store.adoption(&s, "ns2", "importer").unwrap().unwrap();
+    e.store.adopt(&a).unwrap();
+    assert_eq!(e.store.list("ns2", "importer").unwrap(), [1, 2]);
+    assert_eq!(e.store.list("default", "c1").unwrap(), [1, 2]);
+
+    // A chain that stacks on a checkpoint the archive lacks would stack on this store's.
+    let s = staging();
+    fs::remove_dir_all(s.load("default", "c1", 1).unwrap().dir).unwrap();
+    let err = s
+        .claim("default", "c1", std::slice::from_ref(&e.lower))
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::ChainOutside { seq: 2, member: 1 }),
+        "{err}"
+    );
+
+    // An id past 2^32 beside the chain.
+    let s = staging();
+    let huge = s.container_dir("default", "c1").unwrap().join("4294967296");
+    fs::create_dir_all(&huge).unwrap();
+    let err = s.claim("default", "importer", &image).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::BadCheckpointName { .. }),
+        "{err}"
+    );
+
+    // Two chains.
+    let s = staging();
+    fs::create_dir_all(s.container_dir("default", "other").unwrap()).unwrap();
+    let err = s.claim("default", "importer", &image).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::NotOneChain { found: 2, .. }),
+        "{err}"
+    );
+    assert_eq!(e.store.list("default", "c1").unwrap(), [1, 2]);
+}
+
+/// Everything under the store is root-only at rest, whatever the umask (0 here) and whatever
+/// modes a deployment gave the root and the dirs under it (0755, a setuid binary a container
+/// wrote into its upper, a journal of secrets): a user (nobody, 65534) can read, list or run
+/// nothing under it.
+#[test]
+fn the_store_is_root_only_at_rest() {
+    let e = env();
+    let parent = e._tmp.path().join("deployed");
+    let root = parent.join("belayer");
+    sh(
+        e._tmp.path(),
+        &format!(
+            "chmod 755 .; mkdir -p -m 755 {root}/uppers/default/c1/g1/upper/bin {root}/journal/default
+             printf '#!/bin/sh\\necho pwned\\n' > {root}/uppers/default/c1/g1/upper/bin/su
+             chmod 4755 {root}/uppers/default/c1/g1/upper/bin/su
+             echo 'API_KEY=secret' > {root}/journal/default/c1.jsonl; chmod 644 {root}/journal/default/c1.jsonl
+             chmod -R go+rx {parent}",
+            root = root.display(),
+            parent = parent.display()
+        ),
+    );
+    // SAFETY: umask has no preconditions; it is restored below.
+    let old = unsafe { libc::umask(0) };
+    let store = Store::new(&root);
+    store.secure().unwrap();
+    sh(&e.merged, "echo 1 > a; mkdir d; echo 2 > d/b");
+    let c1 = fake_checkpoint(&store, &e.upper, &e.lower, None);
+    let c2 = c1
+        .as_ref()
+        .ok()
+        .map(|c1| fake_checkpoint(&store, &e.upper, &e.lower, Some(c1)));
+    let lease = c2
+        .as_ref()
+        .and_then(|c| c.as_ref().ok())
+        .map(|c2| store.lease(c2, ("default", "user")));
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let _lease = lease.unwrap().unwrap();
+    let mut paths = Vec::new();
+    let mut stack = vec![root.clone()];
+    while let Some(p) = stack.pop() {
+        if fs::symlink_metadata(&p).unwrap().is_dir() {
+            stack.extend(fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        }
+        paths.push(p);
+    }
+    assert!(paths.len() > 20, "{paths:?}");
+    let open = common::reachable_by_nobody(&paths);
+    assert!(open.is_empty(), "a user reaches under the store: {open:#?}");
 }

@@ -1,8 +1,9 @@
 //! Adopting another store's checkpoints of one container: an exported chain unpacked beside this
 //! store's root (containerd's checkpoint path, another node's). Those this store lacks move in
 //! by rename, under the container's lock; those it has must be the very same checkpoints (their
-//! creation times match), never quietly swapped for another container's of the same name and
-//! number.
+//! creation times and every file's size and sha256 match), never quietly swapped for another
+//! container's of the same name and number. Every checkpoint moved in stacks only on checkpoints
+//! of the same import: never on one of this store's that the archive merely names.
 
 use std::fs;
 
@@ -38,8 +39,11 @@ impl Store {
             return Ok(None);
         };
         let mut missing = Vec::new();
-        for seq in seqs {
+        for &seq in &seqs {
             let theirs = from.load(namespace, container, seq)?;
+            if let Some(&member) = theirs.manifest.fs_chain.iter().find(|s| !seqs.contains(s)) {
+                return Err(StoreError::ChainOutside { seq, member });
+            }
             match self.load(namespace, container, seq) {
                 Ok(ours) => same_checkpoint(namespace, container, &ours, &theirs)?,
                 Err(StoreError::NotFound { .. }) => missing.push(theirs),
@@ -79,7 +83,8 @@ impl Store {
 }
 
 /// Refuses ([`StoreError::Clash`]) when `ours` and `theirs`, both `namespace/container`'s of
-/// one number, are not the same checkpoint: taken at another instant.
+/// one number, are not the same checkpoint: taken at another instant, or with other files (an
+/// archive can name any instant; it cannot name our files' sha256 without holding them).
 fn same_checkpoint(
     namespace: &str,
     container: &str,
@@ -87,7 +92,7 @@ fn same_checkpoint(
     theirs: &Checkpoint,
 ) -> Result<(), StoreError> {
     let (o, t) = (&ours.manifest, &theirs.manifest);
-    if o.created_unix_ms == t.created_unix_ms {
+    if o.created_unix_ms == t.created_unix_ms && o.files == t.files {
         return Ok(());
     }
     Err(StoreError::Clash {

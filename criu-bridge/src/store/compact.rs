@@ -170,10 +170,7 @@ impl Store {
         manifest.sizes.files = files.len() as u64;
         manifest.files = files;
         let mpath = out.join(MANIFEST_FILE);
-        fs::write(&mpath, manifest.to_bytes()).map_err(|e| StoreError::io("write", &mpath, e))?;
-        fs::File::open(&mpath)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| StoreError::io("fsync", &mpath, e))?;
+        super::write_private(&mpath, &manifest.to_bytes())?;
         crate::sys::fsync_dir(out).map_err(|e| StoreError::io("fsync", out, e))?;
         Ok(manifest)
     }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::confine::{MAX_SEQ, lexical_fault};
 use crate::criu::DumpStats;
 use crate::layer::CaptureStats;
 use crate::runc::CriuOptions;
@@ -180,6 +181,18 @@ pub enum FormatError {
         #[source]
         source: serde_json::Error,
     },
+    /// A field names what a checkpoint may not: a path outside its dir, an id out of range.
+    #[error("manifest {path}: {field} {value:?} {why}")]
+    Invalid {
+        /// The manifest.
+        path: PathBuf,
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
     /// The manifest is not valid.
     #[error("manifest {path} is malformed")]
     Malformed {
@@ -246,7 +259,7 @@ impl Manifest {
                 found: version,
             });
         }
-        serde_json::from_slice(bytes).map_err(|source| {
+        let m: Self = serde_json::from_slice(bytes).map_err(|source| {
             if source.is_eof() {
                 FormatError::Truncated {
                     path: path.into(),
@@ -258,7 +271,46 @@ impl Manifest {
                     source,
                 }
             }
-        })
+        })?;
+        m.check(path)?;
+        Ok(m)
+    }
+
+    /// Refuses what no checkpoint this library writes holds and an imported one must not: an id
+    /// out of range ([`MAX_SEQ`]), a chain that does not start at the checkpoint or names a later
+    /// one, a `criu_dir` or `fs_dir` that is not a relative path inside the checkpoint dir.
+    fn check(&self, path: &Path) -> Result<(), FormatError> {
+        let invalid = |field, value: String, why| FormatError::Invalid {
+            path: path.into(),
+            field,
+            value,
+            why,
+        };
+        if self.seq == 0 || self.seq >= MAX_SEQ {
+            return Err(invalid("seq", self.seq.to_string(), "is not in 1..2^32"));
+        }
+        if let Some(p) = self.parent.filter(|p| *p >= self.seq) {
+            return Err(invalid(
+                "parent",
+                p.to_string(),
+                "is not an earlier checkpoint",
+            ));
+        }
+        let chain_ok = self.fs_chain.first() == Some(&self.seq)
+            && self.fs_chain[1..].iter().all(|s| *s < self.seq);
+        if !chain_ok {
+            return Err(invalid(
+                "fs_chain",
+                format!("{:?}", self.fs_chain),
+                "does not start at the checkpoint and go back",
+            ));
+        }
+        for (field, value) in [("criu_dir", &self.criu_dir), ("fs_dir", &self.fs_dir)] {
+            if let Some(why) = lexical_fault(value) {
+                return Err(invalid(field, value.clone(), why));
+            }
+        }
+        Ok(())
     }
 
     /// The manifest as written to disk.
@@ -320,6 +372,28 @@ mod tests {
             "{e}"
         );
         assert!(e.to_string().contains("format_version 7"));
+    }
+
+    #[test]
+    fn paths_out_of_the_checkpoint_and_ids_out_of_range_are_refused() {
+        type Break = fn(&mut Manifest);
+        let cases: [(&str, Break); 6] = [
+            ("criu_dir", |m| m.criu_dir = "/etc/cron.d".into()),
+            ("criu_dir", |m| m.criu_dir = "criu/../../../x".into()),
+            ("fs_dir", |m| m.fs_dir = "".into()),
+            ("seq", |m| m.seq = u64::MAX),
+            ("parent", |m| m.parent = Some(7)),
+            ("fs_chain", |m| m.fs_chain = vec![2, 9]),
+        ];
+        for (field, break_it) in cases {
+            let mut m = sample();
+            break_it(&mut m);
+            let e = Manifest::parse(Path::new("m"), &m.to_bytes()).unwrap_err();
+            assert!(
+                matches!(&e, FormatError::Invalid { field: f, .. } if *f == field),
+                "{field}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //! per-container lock, listing, loading, deletion that keeps chains whole, and compaction.
 
 mod adopt;
+mod claim;
 mod compact;
+mod confine;
 mod files;
 mod lease;
 mod manifest;
@@ -16,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 pub use adopt::Adoption;
 pub use compact::CompactCheckpointError;
+pub use confine::MAX_SEQ;
 pub use lease::Lease;
 pub use manifest::{
     CRIU_DIR, FORMAT_VERSION, FS_DIR, FileEntry, FormatError, INDEX_FILE, MANIFEST_FILE,
@@ -131,6 +134,75 @@ pub enum StoreError {
         /// When this store's was taken.
         ours_ms: u64,
     },
+    /// A path a manifest or an imported archive names is not confined to its checkpoint's dir
+    /// (or a checkpoint dir to its store): absolute, `..`, or through a symlink.
+    #[error("{what} {path:?} under {base} {why}: a checkpoint names only paths inside itself")]
+    Unconfined {
+        /// The dir it must stay in.
+        base: PathBuf,
+        /// What the path is ("criu_dir", "container dir", ...).
+        what: &'static str,
+        /// The path, relative to `base`.
+        path: String,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// A checkpoint dir whose manifest names another checkpoint.
+    #[error("{dir} holds the manifest of checkpoint {found}, not of {expected}")]
+    Mismatch {
+        /// The checkpoint dir.
+        dir: PathBuf,
+        /// `namespace/container/seq` that the dir's place names.
+        expected: String,
+        /// `namespace/container/seq` that its manifest names.
+        found: String,
+    },
+    /// A container used up its checkpoint ids ([`MAX_SEQ`]).
+    #[error("container {namespace}/{container} has no checkpoint id left below 2^32")]
+    SeqExhausted {
+        /// Namespace.
+        namespace: String,
+        /// Container.
+        container: String,
+    },
+    /// An archive to import does not hold exactly one container's checkpoints.
+    #[error("{dir} holds {found} checkpoint chains, not one")]
+    NotOneChain {
+        /// Where the archive was unpacked.
+        dir: PathBuf,
+        /// How many it holds.
+        found: usize,
+    },
+    /// An entry of an imported chain that is not a checkpoint dir named by an id below 2^32.
+    #[error("{dir}: {name:?} is not a checkpoint dir named by an id in 1..2^32")]
+    BadCheckpointName {
+        /// The container's dir in the archive.
+        dir: PathBuf,
+        /// The entry.
+        name: String,
+    },
+    /// An imported checkpoint stacks on a checkpoint the import does not hold: it would stack on
+    /// whatever of that number this store has.
+    #[error("checkpoint {seq} to import stacks on checkpoint {member}, which the archive lacks")]
+    ChainOutside {
+        /// The imported checkpoint.
+        seq: u64,
+        /// The chain member missing from the archive.
+        member: u64,
+    },
+    /// An imported checkpoint was taken on another number of image layers than the container
+    /// importing it has (a fork's, stacked on another container's checkpoints, say).
+    #[error(
+        "checkpoint {seq} to import stacks on {found} image lower dirs, the container's image snapshot has {expected}: import it into a container of the image it was taken from"
+    )]
+    ImageLowers {
+        /// The imported checkpoint.
+        seq: u64,
+        /// How many its manifest names.
+        found: usize,
+        /// How many the container's snapshot has.
+        expected: usize,
+    },
     /// A manifest is unreadable.
     #[error(transparent)]
     Format(#[from] FormatError),
@@ -173,11 +245,22 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Opens a checkpoint dir outside a store (e.g. one written by [`Store::export`]).
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        confine::check_beneath(dir, "manifest", MANIFEST_FILE)?;
         let manifest = Manifest::read(&dir.join(MANIFEST_FILE))?;
-        Ok(Self {
+        let cp = Self {
             dir: dir.to_path_buf(),
             manifest,
-        })
+        };
+        cp.check_confined()?;
+        Ok(cp)
+    }
+
+    /// Refuses a `criu_dir` or `fs_dir` that leaves the checkpoint dir or goes through a
+    /// symlink: what [`Checkpoint::criu_dir`] and [`Checkpoint::fs_dir`] name is then inside it.
+    fn check_confined(&self) -> Result<(), StoreError> {
+        confine::check_beneath(&self.dir, "criu_dir", &self.manifest.criu_dir)?;
+        confine::check_beneath(&self.dir, "fs_dir", &self.manifest.fs_dir)?;
+        Ok(())
     }
 
     /// The CRIU image dir.
@@ -235,6 +318,28 @@ fn check_name(what: &'static str, name: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Writes a file only root reads (0600 whatever the umask) by a rename: whole or not at all.
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<(), StoreError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)
+    };
+    write().map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        StoreError::io("write", path, e)
+    })
+}
+
 pub(crate) fn mkdir_private(path: &Path) -> Result<(), StoreError> {
     match fs::DirBuilder::new()
         .recursive(true)
@@ -248,7 +353,9 @@ pub(crate) fn mkdir_private(path: &Path) -> Result<(), StoreError> {
 
 /// Opens (creating) a file that is only ever `flock`ed.
 pub(crate) fn open_lock_file(path: &Path) -> Result<fs::File, StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
     fs::OpenOptions::new()
+        .mode(0o600)
         .create(true)
         .truncate(false)
         .write(true)
@@ -278,10 +385,56 @@ impl Store {
             .join(container))
     }
 
+    /// Makes the store root-only at rest, whatever the umask and whatever mode a deployment
+    /// gave it: the root is created 0700 if missing, and it and every dir directly under it
+    /// (checkpoints, uppers, journals, staging dirs) are set to 0700. Nothing under it is then
+    /// reachable by another user, whatever the modes of the files a container wrote.
+    pub fn secure(&self) -> Result<(), StoreError> {
+        mkdir_private(&self.root)?;
+        let private = |d: &Path| {
+            fs::set_permissions(d, fs::Permissions::from_mode(0o700))
+                .map_err(|e| StoreError::io("chmod", d, e))
+        };
+        if fs::metadata(&self.root)
+            .map_err(|e| StoreError::io("stat", &self.root, e))?
+            .permissions()
+            .mode()
+            & 0o7777
+            != 0o700
+        {
+            private(&self.root)?;
+        }
+        let rd = fs::read_dir(&self.root).map_err(|e| StoreError::io("read", &self.root, e))?;
+        for e in rd.flatten() {
+            let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+            let open = e
+                .metadata()
+                .is_ok_and(|m| m.permissions().mode() & 0o077 != 0);
+            if is_dir && open {
+                private(&e.path())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `checkpoints/<namespace>/<container>` under the root, refused when any component is a
+    /// symlink (an imported archive's could point at another container's checkpoints).
+    /// `Ok(false)` when it does not exist.
+    fn check_container_dir(&self, namespace: &str, container: &str) -> Result<bool, StoreError> {
+        self.container_dir(namespace, container)?;
+        confine::check_beneath(
+            &self.root,
+            "container dir",
+            &format!("checkpoints/{namespace}/{container}"),
+        )
+    }
+
     /// Takes the per-container lock; [`StoreError::InProgress`] when someone holds it.
     pub fn lock(&self, namespace: &str, container: &str) -> Result<ContainerLock, StoreError> {
         let dir = self.container_dir(namespace, container)?;
+        self.check_container_dir(namespace, container)?;
         mkdir_private(&dir)?;
+        self.check_container_dir(namespace, container)?;
         for d in [
             self.root.join("checkpoints"),
             self.root.join("checkpoints").join(namespace),
@@ -316,6 +469,9 @@ impl Store {
     /// progress.
     pub fn list(&self, namespace: &str, container: &str) -> Result<Vec<u64>, StoreError> {
         let dir = self.container_dir(namespace, container)?;
+        if !self.check_container_dir(namespace, container)? {
+            return Ok(Vec::new());
+        }
         let rd = match fs::read_dir(&dir) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
             r => r.map_err(|e| StoreError::io("read", &dir, e))?,
@@ -329,6 +485,8 @@ impl Store {
             if name.starts_with(TMP_PREFIX) {
                 leftovers.push(e.path());
             } else if let Ok(seq) = name.parse::<u64>()
+                && (1..MAX_SEQ).contains(&seq)
+                && e.file_type().is_ok_and(|t| t.is_dir())
                 && e.path().join(MANIFEST_FILE).is_file()
             {
                 seqs.push(seq);
@@ -357,7 +515,9 @@ impl Store {
             .container_dir(namespace, container)?
             .join(seq.to_string());
         let path = dir.join(MANIFEST_FILE);
-        if !path.is_file() {
+        // Never through a symlink, at any level: an imported archive's could name any dir.
+        let rel = format!("checkpoints/{namespace}/{container}/{seq}/{MANIFEST_FILE}");
+        if !confine::check_beneath(&self.root, "manifest", &rel)? || !path.is_file() {
             return Err(StoreError::NotFound {
                 namespace: namespace.into(),
                 container: container.into(),
@@ -365,7 +525,19 @@ impl Store {
             });
         }
         let manifest = Manifest::read(&path)?;
-        Ok(Checkpoint { dir, manifest })
+        let (m, name) = (&manifest, |ns: &str, c: &str, s: u64| {
+            format!("{ns}/{c}/{s}")
+        });
+        if (m.namespace.as_str(), m.container.as_str(), m.seq) != (namespace, container, seq) {
+            return Err(StoreError::Mismatch {
+                dir,
+                expected: name(namespace, container, seq),
+                found: name(&m.namespace, &m.container, m.seq),
+            });
+        }
+        let cp = Checkpoint { dir, manifest };
+        cp.check_confined()?;
+        Ok(cp)
     }
 
     /// The newest checkpoint, if any.
@@ -383,7 +555,15 @@ impl Store {
     /// Starts a new checkpoint (the next sequence number) in a temp dir, under `lock`.
     pub fn begin(&self, lock: &ContainerLock) -> Result<PendingCheckpoint, StoreError> {
         let (ns, id) = lease::names_of(&lock.dir);
-        let seq = self.list(&ns, &id)?.last().map_or(1, |s| s + 1);
+        let seq = match self.list(&ns, &id)?.last() {
+            None => 1,
+            Some(s) => s.checked_add(1).filter(|n| *n < MAX_SEQ).ok_or_else(|| {
+                StoreError::SeqExhausted {
+                    namespace: ns.clone(),
+                    container: id.clone(),
+                }
+            })?,
+        };
         // Holding the lock, any temp dir is a crashed write's leftover.
         if let Ok(rd) = fs::read_dir(&lock.dir) {
             for e in rd.flatten() {

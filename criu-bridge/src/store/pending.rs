@@ -3,12 +3,13 @@
 
 use std::fs;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::files::record;
 use super::manifest::{CRIU_DIR, FS_DIR, INDEX_FILE, MANIFEST_FILE, Manifest, Sizes};
-use super::{Checkpoint, StoreError, TMP_PREFIX, mkdir_private};
+use super::{Checkpoint, StoreError, TMP_PREFIX, mkdir_private, write_private};
 use crate::layer::LayerIndex;
 
 /// A checkpoint under construction. Dropping it without [`PendingCheckpoint::commit`] removes
@@ -62,7 +63,7 @@ impl PendingCheckpoint {
     pub fn write_index(&self, index: &LayerIndex) -> Result<(), StoreError> {
         let path = self.tmp.join(INDEX_FILE);
         let bytes = serde_json::to_vec(index).expect("an index always serializes");
-        fs::write(&path, bytes).map_err(|e| StoreError::io("write", &path, e))
+        write_private(&path, &bytes)
     }
 
     /// Records every node (sha256, sizes), writes the manifest, fsyncs everything and renames
@@ -95,6 +96,7 @@ impl PendingCheckpoint {
             let mut f = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
+                .mode(0o600)
                 .open(&path)?;
             f.write_all(&manifest.to_bytes())?;
             f.sync_all()

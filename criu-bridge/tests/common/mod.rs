@@ -196,3 +196,33 @@ impl Drop for Container {
         }
     }
 }
+
+/// Which of `paths` user nobody (uid and gid 65534, no groups) can read, list or run, or fails
+/// on for another reason than `EACCES`: each line names the path and what it did.
+pub fn reachable_by_nobody(paths: &[PathBuf]) -> Vec<String> {
+    use std::os::unix::process::CommandExt;
+    const PROBE: &str = r#"for p; do
+        for op in cat ls run; do
+            case $op in
+                cat) out=$(cat -- "$p" 2>&1 >/dev/null) ;;
+                ls) out=$(ls -- "$p" 2>&1 >/dev/null) ;;
+                run) out=$("$p" 2>&1 >/dev/null) ;;
+            esac && { echo "$op $p: succeeded"; continue; }
+            case $out in *"Permission denied"*) ;; *) echo "$op $p: $out" ;; esac
+        done
+    done"#;
+    let out = Command::new("/bin/sh")
+        .arg("-c")
+        .arg(PROBE)
+        .arg("probe")
+        .args(paths)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("run the probe as nobody");
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
