@@ -172,8 +172,21 @@ impl Client {
     /// Sends one message and waits for its reply (refusals become errors).
     pub fn call(&self, m: &Msg) -> Result<(Msg, Vec<OwnedFd>), ClientError> {
         let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        conn.send(m, &[])?;
-        let (r, fds) = conn.recv()?;
+        let sent = conn.send(m, &[]);
+        let (r, fds) = match sent.and_then(|()| conn.recv()) {
+            Ok(r) => r,
+            // A broker that refused this connection at accept (uid, peer cap) left its reason
+            // before closing: report that, not a bare closed socket. (Our hello, unread when it
+            // closed, makes the first read fail with ECONNRESET; the reason is read after it.
+            // The peer is gone, so this read cannot block.)
+            Err(SocketError::Closed) => match conn.recv() {
+                Ok((Msg::Error { code, message }, _)) => {
+                    return Err(ClientError::Refused { code, message });
+                }
+                _ => return Err(ClientError::BrokerGone),
+            },
+            Err(e) => return Err(e.into()),
+        };
         match r {
             Msg::Error { code, message } => Err(ClientError::Refused { code, message }),
             r => Ok((r, fds)),

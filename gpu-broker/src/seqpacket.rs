@@ -2,6 +2,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -55,6 +56,35 @@ fn sys<'a>(op: &'static str, path: &'a str) -> impl FnOnce(Errno) -> SocketError
     }
 }
 
+fn io_err(op: &'static str, path: &str, e: std::io::Error) -> SocketError {
+    SocketError::Sys {
+        op,
+        path: path.to_string(),
+        source: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+}
+
+/// Binds `fd` at `staged` (in a private directory), sets its mode and group, and renames it to
+/// `path`: the socket is never reachable at `path` with a mode the umask chose.
+fn bind_staged(
+    fd: &OwnedFd,
+    staged: &Path,
+    path: &Path,
+    mode: u32,
+    group: Option<u32>,
+    p: &str,
+) -> Result<(), SocketError> {
+    let addr = UnixAddr::new(staged).map_err(sys("address", p))?;
+    socket::bind(fd.as_raw_fd(), &addr).map_err(sys("bind", p))?;
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(staged, None, Some(gid))
+            .map_err(|e| io_err("chown the socket to its group", p, e))?;
+    }
+    std::fs::set_permissions(staged, std::fs::Permissions::from_mode(mode))
+        .map_err(|e| io_err("chmod the socket", p, e))?;
+    std::fs::rename(staged, path).map_err(|e| io_err("rename the socket into place", p, e))
+}
+
 /// A listening broker socket.
 #[derive(Debug)]
 pub struct Listener {
@@ -62,8 +92,10 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Binds `path` (removing a stale socket file first) and listens.
-    pub fn bind(path: &Path) -> Result<Self, SocketError> {
+    /// Binds `path` (replacing a stale socket file) and listens. The socket file gets `mode`
+    /// (and group `group`) before it appears at `path`, whatever the umask: it is bound in a
+    /// private (0700) directory beside `path`, given its mode there, then renamed into place.
+    pub fn bind(path: &Path, mode: u32, group: Option<u32>) -> Result<Self, SocketError> {
         let p = path.display().to_string();
         let fd = socket::socket(
             AddressFamily::Unix,
@@ -80,12 +112,22 @@ impl Listener {
                 source: Errno::EADDRINUSE,
             });
         }
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir);
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        if !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(dir)
+                .map_err(|e| io_err("create the socket's directory", &p, e))?;
         }
-        let _ = std::fs::remove_file(path);
-        let addr = UnixAddr::new(path).map_err(sys("address", &p))?;
-        socket::bind(fd.as_raw_fd(), &addr).map_err(sys("bind", &p))?;
+        let staging = nix::unistd::mkdtemp(&dir.join(".belayer-broker-XXXXXX"))
+            .map_err(sys("mkdtemp beside the socket", &p))?;
+        let r = bind_staged(&fd, &staging.join("s"), path, mode, group, &p);
+        let _ = std::fs::remove_dir_all(&staging);
+        r?;
         socket::listen(&fd, Backlog::new(64).map_err(sys("listen", &p))?)
             .map_err(sys("listen", &p))?;
         Ok(Self { fd })
@@ -109,6 +151,17 @@ impl AsFd for Listener {
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
     }
+}
+
+/// A peer's credentials (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// Process id.
+    pub pid: i32,
+    /// Effective uid.
+    pub uid: u32,
+    /// Effective gid.
+    pub gid: u32,
 }
 
 /// One connected packet socket.
@@ -135,9 +188,19 @@ impl Conn {
 
     /// The peer's pid as the kernel recorded it at connect time (`SO_PEERCRED`).
     pub fn peer_pid(&self) -> Result<i32, SocketError> {
+        Ok(self.peer_cred()?.pid)
+    }
+
+    /// The peer's pid, uid and gid as the kernel recorded them at connect time (`SO_PEERCRED`):
+    /// what the peer cannot lie about.
+    pub fn peer_cred(&self) -> Result<PeerCred, SocketError> {
         let cred = socket::getsockopt(&self.fd, sockopt::PeerCredentials)
             .map_err(sys("SO_PEERCRED", ""))?;
-        Ok(cred.pid())
+        Ok(PeerCred {
+            pid: cred.pid(),
+            uid: cred.uid(),
+            gid: cred.gid(),
+        })
     }
 
     /// Sends raw bytes as one packet (tests use this to send malformed frames).

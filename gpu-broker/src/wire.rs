@@ -63,8 +63,12 @@ pub enum Role {
     Primary,
     /// Pre-started; waits to be promoted.
     Shadow,
-    /// Tooling: status, fence, log reads. Never holds a lease.
+    /// Tooling: status and log reads. Never holds a lease, never gets the KV arena, cannot
+    /// fence.
     Observer,
+    /// An operator's tool: an observer that may also fence the primary. Only peers whose uid
+    /// the broker lists as operators (its own and root by default) may say hello as one.
+    Operator,
 }
 
 /// Kind of broker-owned region.
@@ -91,6 +95,8 @@ pub enum ErrorCode {
     NoCapacity,
     /// Backend failure inside the broker.
     Backend,
+    /// The peer's uid or role may not do this (`SO_PEERCRED` checked at accept and hello).
+    Forbidden,
 }
 
 /// Sampling parameters of a request, logged at admission.

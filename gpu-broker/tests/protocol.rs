@@ -103,7 +103,7 @@ fn stale_epochs_are_refused_after_a_fence() {
     let b2 = Client::connect(&sock(&d.0), Role::Primary, 0).unwrap();
     assert!(b2.acquire(PAGE, 4).unwrap_err().is_stale_epoch());
     // An operator fences the primary: its epoch is dead.
-    let op = Client::connect(&sock(&d.0), Role::Observer, 0).unwrap();
+    let op = Client::connect(&sock(&d.0), Role::Operator, 0).unwrap();
     let e2 = op.fence().unwrap();
     assert!(e2 > g.epoch);
     let err = a.commit(vec![entry(1, 1, 8)]).unwrap_err();

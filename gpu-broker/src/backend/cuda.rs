@@ -180,12 +180,57 @@ pub struct CudaMapping {
     handle: CUmemGenericAllocationHandle,
     ptr: CUdeviceptr,
     bytes: usize,
+    read_only: bool,
 }
 
 impl CudaMapping {
     /// Imports `fd` (a POSIX-fd shareable handle of `bytes` bytes) and maps it read-write on
     /// `dev`. The driver keeps the memory alive while any process holds a handle or mapping.
     pub fn import(dev: &CudaDevice, fd: BorrowedFd<'_>, bytes: u64) -> Result<Self, BackendError> {
+        Self::import_with(
+            dev,
+            fd,
+            bytes,
+            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        )
+    }
+
+    /// Imports `fd` like [`CudaMapping::import`] but maps it read-only (published weights), where
+    /// the driver allows it; where `cuMemSetAccess` refuses `PROT_READ` for device memory, maps
+    /// it read-write instead and says so ([`CudaMapping::read_only`] is false, and a warning is
+    /// logged). Either way this only guards the importing process against its own stray writes:
+    /// a POSIX-fd handle carries no access mode, so whoever holds the fd can map it writable.
+    pub fn import_read_only(
+        dev: &CudaDevice,
+        fd: BorrowedFd<'_>,
+        bytes: u64,
+    ) -> Result<Self, BackendError> {
+        match Self::import_with(
+            dev,
+            fd,
+            bytes,
+            CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
+        ) {
+            Err(BackendError::Driver {
+                step: "cuMemSetAccess",
+                code,
+            }) => {
+                tracing::warn!(
+                    code,
+                    "the driver refuses read-only device mappings: mapping the weights read-write"
+                );
+                Self::import(dev, fd, bytes)
+            }
+            r => r,
+        }
+    }
+
+    fn import_with(
+        dev: &CudaDevice,
+        fd: BorrowedFd<'_>,
+        bytes: u64,
+        flags: CUmemAccess_flags,
+    ) -> Result<Self, BackendError> {
         dev.make_current()?;
         let size = dev.round(bytes)?;
         let mut handle: CUmemGenericAllocationHandle = 0;
@@ -195,7 +240,7 @@ impl CudaMapping {
                 type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
                 id: dev.dev,
             },
-            flags: CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            flags,
         };
         // SAFETY: current context; for the POSIX-fd handle type the OS handle argument is the
         // fd value itself; reserve/map/access get the sizes rounded to the granularity; on
@@ -232,7 +277,13 @@ impl CudaMapping {
             handle,
             ptr,
             bytes: size,
+            read_only: flags == CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
         })
+    }
+
+    /// Whether the device forbids writes through this mapping.
+    pub fn read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Device address of the mapping.
@@ -252,7 +303,12 @@ impl CudaMapping {
 
     /// Fills the mapping with a 32-bit pattern.
     pub fn fill_u32(&self, v: u32) -> Result<(), BackendError> {
-        // SAFETY: the range ptr..ptr+bytes is mapped read-write on the current context.
+        if self.read_only {
+            return Err(BackendError::Unsupported(
+                "writing through a read-only mapping",
+            ));
+        }
+        // SAFETY: the range ptr..ptr+bytes is mapped read-write on the current context (checked).
         unsafe {
             check(
                 "cuMemsetD32",
@@ -345,7 +401,7 @@ impl Region for CudaRegion {
 
     fn checksum(&self) -> Result<u64, BackendError> {
         let d = CudaDevice::open(self.dev)?;
-        CudaMapping::import(&d, self.fd.as_fd(), self.bytes)?.checksum()
+        CudaMapping::import_read_only(&d, self.fd.as_fd(), self.bytes)?.checksum()
     }
 }
 

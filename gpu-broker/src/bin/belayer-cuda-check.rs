@@ -48,7 +48,7 @@ fn reader(socket: &Path) -> Result<()> {
         .context("the broker holds no published weights (refused at the health check?)")?;
     let gib = u64::from_le_bytes(r.info.meta.as_slice().try_into().context("meta")?);
     let t = Instant::now();
-    let m = CudaMapping::import(&dev, r.fd.as_fd(), r.info.bytes)?;
+    let m = CudaMapping::import_read_only(&dev, r.fd.as_fd(), r.info.bytes)?;
     let import_map_s = t.elapsed().as_secs_f64();
     let want = pattern(gib).to_le_bytes();
     let mut buf = vec![0u8; 1 << 20];
@@ -62,7 +62,7 @@ fn reader(socket: &Path) -> Result<()> {
     let full = m.checksum()? == r.info.checksum;
     println!(
         "{}",
-        serde_json::json!({ "event": "verified", "gib": gib, "import_map_s": import_map_s, "intact": full })
+        serde_json::json!({ "event": "verified", "gib": gib, "import_map_s": import_map_s, "intact": full, "read_only": m.read_only() })
     );
     Ok(())
 }

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use gpu_broker::broker::{Broker, ChecksumPolicy, Config, serve};
+use gpu_broker::broker::{Access, Broker, ChecksumPolicy, Config, serve};
+use nix::unistd::{Group, User};
 
 static STOP: AtomicBool = AtomicBool::new(false);
 
@@ -15,11 +16,41 @@ extern "C" fn on_term(_: libc::c_int) {
 
 const USAGE: &str = "usage: belayer-gpu-broker --socket PATH [--backend host|cuda] [--lease-ms N] \
 [--kv-mib N] [--no-seal-weights] [--checksum always|unsealed] [--keep-finished N] \
-[--keep-finished-tokens N]
+[--keep-finished-tokens N] [--allow-uid UID]... [--operator-uid UID]... [--socket-group GROUP] \
+[--max-peers N]
 
+  --allow-uid UID           a uid (or user name) that may connect, besides root and the broker's
+                            own uid (checked with SO_PEERCRED); repeatable
+  --operator-uid UID        a uid that may connect as an operator (fence), besides root and the
+                            broker's own uid; repeatable (it is allowed to connect too)
+  --socket-group GROUP      create the socket 0660 owned by this group (name or gid) instead of
+                            0600; its members still need --allow-uid
+  --max-peers N             connections served at once (default 256); more are refused
   --keep-finished N         finished requests the token log keeps for resends (default and
                             most 2048)
   --keep-finished-tokens N  their prompt + generated tokens at most (default 67108864)";
+
+/// A user or group id given as a number or a name (`what`: "user" or "group").
+fn id(s: &str, what: &str, lookup: impl FnOnce(&str) -> nix::Result<Option<u32>>) -> Result<u32> {
+    if let Ok(n) = s.parse() {
+        return Ok(n);
+    }
+    lookup(s)
+        .with_context(|| format!("looking up {what} {s}"))?
+        .with_context(|| format!("no {what} named {s}"))
+}
+
+fn uid(s: &str) -> Result<u32> {
+    id(s, "user", |n| {
+        User::from_name(n).map(|u| u.map(|u| u.uid.as_raw()))
+    })
+}
+
+fn gid(s: &str) -> Result<u32> {
+    id(s, "group", |n| {
+        Group::from_name(n).map(|g| g.map(|g| g.gid.as_raw()))
+    })
+}
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -36,6 +67,7 @@ fn main() -> Result<()> {
     let mut seal = true;
     let mut checksum = ChecksumPolicy::Unsealed;
     let mut retention = gpu_broker::broker::log::Retention::default();
+    let mut access = Access::default();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut val = || {
@@ -48,6 +80,19 @@ fn main() -> Result<()> {
             "--lease-ms" => lease_ms = val()?.parse().context("--lease-ms")?,
             "--kv-mib" => kv_mib = val()?.parse().context("--kv-mib")?,
             "--no-seal-weights" => seal = false,
+            "--allow-uid" => access.uids.push(uid(&val()?)?),
+            "--operator-uid" => {
+                let u = uid(&val()?)?;
+                access.uids.push(u);
+                access.operator_uids.push(u);
+            }
+            "--socket-group" => access.group = Some(gid(&val()?)?),
+            "--max-peers" => {
+                access.max_peers = val()?.parse().context("--max-peers")?;
+                if access.max_peers == 0 {
+                    bail!("--max-peers 0: expected at least 1");
+                }
+            }
             "--keep-finished" => retention.requests = val()?.parse().context("--keep-finished")?,
             "--keep-finished-tokens" => {
                 retention.tokens = val()?.parse().context("--keep-finished-tokens")?
@@ -82,6 +127,7 @@ fn main() -> Result<()> {
     cfg.kv_bytes = kv_bytes;
     cfg.seal_weights = seal;
     cfg.checksum = checksum;
+    cfg.access = access;
     if retention.requests > gpu_broker::broker::log::MAX_KEPT_FINISHED {
         bail!(
             "--keep-finished {}: at most {} (the rest of a {}-id log listing is left to requests in flight)",

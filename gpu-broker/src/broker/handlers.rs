@@ -69,7 +69,9 @@ impl Broker {
                 self.on_manifest(peer);
                 Ok(())
             }
-            (Some(Role::Observer), Msg::Acquire { .. }) => Err("observer cannot acquire".into()),
+            (Some(Role::Observer | Role::Operator), Msg::Acquire { .. }) => {
+                Err("observer cannot acquire".into())
+            }
             (Some(r), Msg::Acquire { page_bytes, pages }) => {
                 self.on_acquire(peer, r, page_bytes, pages)
             }
@@ -169,7 +171,17 @@ impl Broker {
                 self.reply(peer, &r, &[]);
                 Ok(())
             }
+            (Some(r), Msg::Fence) if r != Role::Operator => {
+                tracing::warn!(peer, role = ?r, "fence refused: not an operator");
+                let m = err(
+                    ErrorCode::Forbidden,
+                    format!("a {r:?} connection cannot fence; say hello as an operator"),
+                );
+                self.reply(peer, &m, &[]);
+                Ok(())
+            }
             (Some(_), Msg::Fence) => {
+                tracing::info!(peer, "fence requested by an operator");
                 if self.lease.is_some() {
                     self.primary_lost("fenced on request");
                 } else {
@@ -202,6 +214,15 @@ impl Broker {
         let Some(p) = self.peers.get_mut(&peer) else {
             return Ok(());
         };
+        if role == Role::Operator && !self.cfg.access.operator_uids.contains(&p.uid) {
+            let uid = p.uid;
+            let m = err(
+                ErrorCode::Forbidden,
+                format!("uid {uid} may not connect as an operator"),
+            );
+            self.reply(peer, &m, &[]);
+            return Err(format!("operator hello from uid {uid}"));
+        }
         p.role = Some(role);
         let pid = p.pid as u32;
         tracing::info!(peer, pid, ?role, "hello");

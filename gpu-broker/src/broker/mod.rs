@@ -49,6 +49,47 @@ pub struct Config {
     pub confirm_timeout: Duration,
     /// Finished requests the token log keeps for resends.
     pub log_retention: log::Retention,
+    /// Who may connect and as what (`SO_PEERCRED`), the socket's mode, the peer cap.
+    pub access: Access,
+}
+
+/// Who may use the broker. Checked by the broker itself, whatever the umask or the directory the
+/// socket is in: the socket file is created 0600 (0660 with `group`), each peer's uid is read with
+/// `SO_PEERCRED` at accept, and an operator's at its hello.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Access {
+    /// Uids allowed to connect. Default: root and the broker's own uid.
+    pub uids: Vec<u32>,
+    /// Uids allowed to say hello as [`Role::Operator`] (and so to fence). Default: root and the
+    /// broker's own uid.
+    pub operator_uids: Vec<u32>,
+    /// Group the socket file is shared with (mode 0660); `None`: mode 0600.
+    pub group: Option<u32>,
+    /// Most connections served at once; more are refused with `NoCapacity` at accept.
+    pub max_peers: usize,
+}
+
+impl Default for Access {
+    fn default() -> Self {
+        let me = nix::unistd::geteuid().as_raw();
+        let mut uids = vec![0];
+        if me != 0 {
+            uids.push(me);
+        }
+        Self {
+            uids: uids.clone(),
+            operator_uids: uids,
+            group: None,
+            max_peers: 256,
+        }
+    }
+}
+
+impl Access {
+    /// The socket file's mode.
+    pub fn socket_mode(&self) -> u32 {
+        if self.group.is_some() { 0o660 } else { 0o600 }
+    }
 }
 
 impl Config {
@@ -62,6 +103,7 @@ impl Config {
             checksum: ChecksumPolicy::Unsealed,
             confirm_timeout: Duration::from_millis(500),
             log_retention: log::Retention::default(),
+            access: Access::default(),
         }
     }
 }
@@ -71,6 +113,8 @@ struct Peer {
     /// Shared with the zombie entry a fence makes of it, so a later loss can still confirm death.
     pidfd: Option<Arc<PidFd>>,
     pid: i32,
+    /// The peer's uid at connect time (`SO_PEERCRED`).
+    uid: u32,
     role: Option<Role>,
 }
 

@@ -13,7 +13,10 @@ use crate::wire::{ErrorCode, Msg, RegionInfo, RegionKind};
 pub(super) const MIN_KV_PAGE: u64 = 4096;
 
 impl Broker {
-    fn region_infos(&self) -> (Vec<RegionInfo>, Vec<BorrowedFd<'_>>) {
+    /// The regions `peer` may map: published, healthy weights for everyone (sealed against
+    /// writes on the host backend); the KV arena only for the lease holder, so an observer or a
+    /// waiting shadow never holds a writable handle to another worker's KV (prompts, outputs).
+    fn region_infos(&self, peer: u32) -> (Vec<RegionInfo>, Vec<BorrowedFd<'_>>) {
         let mut infos = Vec::new();
         let mut fds = Vec::new();
         if let Some(w) = &self.weights
@@ -31,7 +34,10 @@ impl Broker {
             });
             fds.push(w.region.handle());
         }
-        if let Some(k) = &self.kv {
+        let holder = self.lease.as_ref().is_some_and(|l| l.peer == peer);
+        if let Some(k) = &self.kv
+            && holder
+        {
             infos.push(RegionInfo {
                 kind: RegionKind::Kv,
                 bytes: k.region.bytes(),
@@ -47,7 +53,7 @@ impl Broker {
     }
 
     pub(super) fn on_manifest(&mut self, peer: u32) {
-        let (regions, fds) = self.region_infos();
+        let (regions, fds) = self.region_infos(peer);
         self.reply(peer, &Msg::Manifest { regions }, &fds);
     }
 

@@ -5,12 +5,14 @@ use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use thiserror::Error;
 
 use super::{Broker, Peer};
 use crate::pidfd::PidFd;
-use crate::seqpacket::{Listener, SocketError};
+use crate::seqpacket::{Conn, Listener, SocketError};
+use crate::wire::{ErrorCode, Msg};
 
 /// Why the server stopped.
 #[derive(Debug, Error)]
@@ -27,8 +29,23 @@ const TICK: Duration = Duration::from_millis(100);
 
 /// Runs the broker until `stop` returns true (checked every tick).
 pub fn serve(mut b: Broker, stop: &dyn Fn() -> bool) -> Result<(), ServeError> {
-    let listener = Listener::bind(&b.cfg.socket).map_err(ServeError::Listen)?;
-    tracing::info!(socket = %b.cfg.socket.display(), instance = format!("{:016x}", b.instance), backend = b.backend.name(), "broker listening");
+    let access = &b.cfg.access;
+    let listener = Listener::bind(&b.cfg.socket, access.socket_mode(), access.group)
+        .map_err(ServeError::Listen)?;
+    tracing::info!(
+        socket = %b.cfg.socket.display(),
+        mode = format!("{:o}", access.socket_mode()),
+        group = ?access.group,
+        uids = ?access.uids,
+        operators = ?access.operator_uids,
+        max_peers = access.max_peers,
+        instance = format!("{:016x}", b.instance),
+        backend = b.backend.name(),
+        "broker listening"
+    );
+    // Set when accept ran out of fds: the listener stays readable while the connection waits in
+    // the backlog, so it is left out of the poll set until the next tick instead of spinning.
+    let mut accept_paused_until: Option<Instant> = None;
     while !stop() {
         let ids: Vec<u32> = b.peers.keys().copied().collect();
         let timeout = b
@@ -37,7 +54,13 @@ pub fn serve(mut b: Broker, stop: &dyn Fn() -> bool) -> Result<(), ServeError> {
             .unwrap_or(TICK);
         let holder = b.lease.as_ref().map(|l| l.peer);
         let ready = {
-            let mut fds = vec![PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+            let paused = accept_paused_until.is_some_and(|t| Instant::now() < t);
+            let listen_for = if paused {
+                PollFlags::empty()
+            } else {
+                PollFlags::POLLIN
+            };
+            let mut fds = vec![PollFd::new(listener.as_fd(), listen_for)];
             for id in &ids {
                 fds.push(PollFd::new(b.peers[id].conn.as_fd(), PollFlags::POLLIN));
             }
@@ -60,7 +83,18 @@ pub fn serve(mut b: Broker, stop: &dyn Fn() -> bool) -> Result<(), ServeError> {
             rev
         };
         if ready[0] {
-            accept_all(&mut b, &listener);
+            accept_paused_until = match accept_all(&mut b, &listener) {
+                Accepted::Drained => None,
+                Accepted::OutOfFds => {
+                    if accept_paused_until.is_none() {
+                        tracing::warn!(
+                            peers = b.peers.len(),
+                            "accept: out of file descriptors; new connections wait until some close"
+                        );
+                    }
+                    Some(Instant::now() + TICK)
+                }
+            };
         }
         for (i, id) in ids.iter().enumerate() {
             if ready[i + 1] {
@@ -80,34 +114,79 @@ pub fn serve(mut b: Broker, stop: &dyn Fn() -> bool) -> Result<(), ServeError> {
     Ok(())
 }
 
-fn accept_all(b: &mut Broker, listener: &Listener) {
+/// How an accept round ended.
+enum Accepted {
+    /// No connection is pending any more.
+    Drained,
+    /// The process (or system) is out of fds: the pending connection stays in the backlog.
+    OutOfFds,
+}
+
+fn accept_all(b: &mut Broker, listener: &Listener) -> Accepted {
     loop {
         match listener.accept() {
-            Ok(Some(conn)) => {
-                let pid = conn.peer_pid().unwrap_or(0);
-                let pidfd = PidFd::open(pid).ok().map(Arc::new);
-                if conn.set_nonblocking().is_err() {
-                    continue;
-                }
-                let id = b.next_peer;
-                b.next_peer += 1;
-                tracing::debug!(peer = id, pid, "connection accepted");
-                b.peers.insert(
-                    id,
-                    Peer {
-                        conn,
-                        pidfd,
-                        pid,
-                        role: None,
-                    },
-                );
-            }
-            Ok(None) => return,
+            Ok(Some(conn)) => admit(b, conn),
+            Ok(None) => return Accepted::Drained,
+            Err(SocketError::Sys {
+                source: Errno::EMFILE | Errno::ENFILE | Errno::ENOBUFS | Errno::ENOMEM,
+                ..
+            }) => return Accepted::OutOfFds,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
-                return;
+                return Accepted::Drained;
             }
         }
+    }
+}
+
+/// Takes a new connection as a peer, or refuses it (with an error it can read) when its uid is
+/// not allowed or the broker serves as many peers as it may.
+fn admit(b: &mut Broker, conn: Conn) {
+    let access = &b.cfg.access;
+    let (code, message) = match conn.peer_cred() {
+        Err(e) => (
+            ErrorCode::Forbidden,
+            format!("cannot tell who connected: {e}"),
+        ),
+        Ok(c) if !access.uids.contains(&c.uid) => (
+            ErrorCode::Forbidden,
+            format!("uid {} may not use this broker", c.uid),
+        ),
+        Ok(_) if b.peers.len() >= access.max_peers => (
+            ErrorCode::NoCapacity,
+            format!("the broker serves {} connections at most", access.max_peers),
+        ),
+        Ok(c) => {
+            if conn.set_nonblocking().is_err() {
+                return;
+            }
+            let pidfd = PidFd::open(c.pid).ok().map(Arc::new);
+            let id = b.next_peer;
+            b.next_peer += 1;
+            tracing::debug!(peer = id, pid = c.pid, uid = c.uid, "connection accepted");
+            b.peers.insert(
+                id,
+                Peer {
+                    conn,
+                    pidfd,
+                    pid: c.pid,
+                    uid: c.uid,
+                    role: None,
+                },
+            );
+            return;
+        }
+    };
+    let cred = conn.peer_cred().ok();
+    tracing::warn!(
+        pid = cred.map(|c| c.pid),
+        uid = cred.map(|c| c.uid),
+        reason = %message,
+        "connection refused"
+    );
+    // Non-blocking: a peer that does not read its refusal cannot stall the loop.
+    if conn.set_nonblocking().is_ok() {
+        let _ = conn.send(&Msg::Error { code, message }, &[]);
     }
 }
 

@@ -23,6 +23,11 @@ fn broker(kv_bytes: u64) -> Broker {
 /// Adds a peer that has said hello as `role`; returns its id and the worker's end (non-blocking,
 /// so a missing reply shows as `WouldBlock` instead of a hang).
 fn connect(b: &mut Broker, role: Role, pidfd: Option<PidFd>) -> (u32, Conn) {
+    add_peer(b, 0, Some(role), pidfd)
+}
+
+/// Adds a peer of `uid` that has said hello as `role` (`None`: not yet).
+fn add_peer(b: &mut Broker, uid: u32, role: Option<Role>, pidfd: Option<PidFd>) -> (u32, Conn) {
     let (worker, broker_end) = Conn::pair().unwrap();
     worker.set_nonblocking().unwrap();
     broker_end.set_nonblocking().unwrap();
@@ -34,7 +39,8 @@ fn connect(b: &mut Broker, role: Role, pidfd: Option<PidFd>) -> (u32, Conn) {
             conn: broker_end,
             pid: pidfd.as_ref().map_or(0, PidFd::pid),
             pidfd: pidfd.map(Arc::new),
-            role: Some(role),
+            uid,
+            role,
         },
     );
     (id, worker)
@@ -268,3 +274,5 @@ fn a_fenced_primary_is_not_promoted_from_its_own_queued_acquire() {
     assert!(b.shadows.is_empty());
     assert!(matches!(sw.recv(), Err(SocketError::WouldBlock)));
 }
+
+mod authz;

@@ -127,6 +127,7 @@ fn role_code(r: Role) -> u8 {
         Role::Primary => 0,
         Role::Shadow => 1,
         Role::Observer => 2,
+        Role::Operator => 3,
     }
 }
 
@@ -145,6 +146,7 @@ fn error_code(c: ErrorCode) -> u16 {
         ErrorCode::BadRequest => 4,
         ErrorCode::NoCapacity => 5,
         ErrorCode::Backend => 6,
+        ErrorCode::Forbidden => 7,
     }
 }
 
@@ -372,6 +374,7 @@ fn decode_body(d: &mut Dec<'_>, kind: u16) -> Result<Msg, DecodeError> {
                 0 => Role::Primary,
                 1 => Role::Shadow,
                 2 => Role::Observer,
+                3 => Role::Operator,
                 _ => return Err(DecodeError::Range("role")),
             },
             known_instance: d.u64("known_instance")?,
@@ -508,6 +511,7 @@ fn decode_body(d: &mut Dec<'_>, kind: u16) -> Result<Msg, DecodeError> {
                 4 => ErrorCode::BadRequest,
                 5 => ErrorCode::NoCapacity,
                 6 => ErrorCode::Backend,
+                7 => ErrorCode::Forbidden,
                 _ => return Err(DecodeError::Range("error code")),
             },
             message: d.text("message")?,
@@ -531,6 +535,14 @@ mod tests {
             Msg::Hello {
                 role: Role::Shadow,
                 known_instance: 7,
+            },
+            Msg::Hello {
+                role: Role::Operator,
+                known_instance: 0,
+            },
+            Msg::Error {
+                code: ErrorCode::Forbidden,
+                message: "uid 65534 may not use this broker".into(),
             },
             Msg::Grant {
                 epoch: 3,
