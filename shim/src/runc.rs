@@ -7,7 +7,6 @@ use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 use crate::reaper;
@@ -44,8 +43,6 @@ pub struct Runc {
     pub systemd_cgroup: bool,
 }
 
-static CALLS: AtomicU64 = AtomicU64::new(0);
-
 impl Runc {
     pub fn new(root: PathBuf, systemd_cgroup: bool) -> Self {
         Self {
@@ -69,11 +66,10 @@ impl Runc {
         args: Vec<OsString>,
         streams: Streams,
     ) -> Result<Vec<u8>> {
-        let log = std::env::temp_dir().join(format!(
-            "belayer-runc-{}-{}.log",
-            std::process::id(),
-            CALLS.fetch_add(1, Ordering::Relaxed)
-        ));
+        // runc (root) opens its log following symlinks: never at a name another user can
+        // predict and plant first.
+        let log_dir = crate::stdio::PrivateDir::new("belayer-runc")?;
+        let log = log_dir.path().join("log.json");
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--root")
             .arg(&self.root)
@@ -137,7 +133,7 @@ impl Runc {
         let code = exit.await.unwrap_or(-1);
         let (out, err) = collected.await.unwrap_or_default();
         let logged = std::fs::read_to_string(&log).unwrap_or_default();
-        let _ = std::fs::remove_file(&log);
+        drop(log_dir);
         if code != 0 {
             let message = last_error(&logged)
                 .or_else(|| {

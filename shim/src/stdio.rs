@@ -7,8 +7,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::os::unix::net::UnixListener;
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,24 +37,52 @@ pub struct ProcessIo {
     drained: Vec<oneshot::Receiver<File>>,
 }
 
-static SOCKETS: AtomicU64 = AtomicU64::new(0);
+/// A directory with a random name (`mkdtemp`: mode 0700, whatever the umask) in `$TMPDIR` (else
+/// `/tmp`), removed with its content on drop: what the shim puts in a shared directory (runc's
+/// console socket, its log) has no name another user can predict, create first or reach.
+pub struct PrivateDir(PathBuf);
 
-/// A listening socket on which runc sends the terminal's master fd (`--console-socket`).
+impl PrivateDir {
+    /// Creates `$TMPDIR/<prefix>-XXXXXX`.
+    pub fn new(prefix: &str) -> Result<Self> {
+        let template = std::env::temp_dir().join(format!("{prefix}-XXXXXX"));
+        nix::unistd::mkdtemp(&template)
+            .map(Self)
+            .map_err(|e| io(format!("create a private directory {}", template.display()))(e.into()))
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A listening socket on which runc sends the terminal's master fd (`--console-socket`), in a
+/// private directory of its own: no other user can connect to it and hand the shim a terminal
+/// of theirs, or squat its name.
 pub struct ConsoleSocket {
     pub path: PathBuf,
     listener: UnixListener,
+    /// Removes the socket with its directory on drop.
+    _dir: PrivateDir,
 }
 
 impl ConsoleSocket {
     pub fn new() -> Result<Self> {
-        let path = std::env::temp_dir().join(format!(
-            "belayer-pty-{}-{}.sock",
-            std::process::id(),
-            SOCKETS.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_file(&path);
+        let dir = PrivateDir::new("belayer-pty")?;
+        let path = dir.path().join("console.sock");
         let listener = UnixListener::bind(&path).map_err(io("bind console socket"))?;
-        Ok(Self { path, listener })
+        Ok(Self {
+            path,
+            listener,
+            _dir: dir,
+        })
     }
 
     /// Receives the master fd runc sent. Call after runc returned successfully.
@@ -103,12 +130,6 @@ impl ConsoleSocket {
         Err(Error::FailedPrecondition(
             "runc sent no terminal on the console socket".into(),
         ))
-    }
-}
-
-impl Drop for ConsoleSocket {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
     }
 }
 
@@ -352,5 +373,34 @@ impl Drop for ProcessIo {
     /// The process is gone or never started: stop feeding its stdin.
     fn drop(&mut self) {
         self.close_stdin();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn console_sockets_live_in_private_directories_with_random_names() {
+        let (a, b) = (ConsoleSocket::new().unwrap(), ConsoleSocket::new().unwrap());
+        let dir = a.path.parent().unwrap().to_path_buf();
+        assert_ne!(dir, b.path.parent().unwrap());
+        let name = dir.file_name().unwrap().to_str().unwrap();
+        assert!(
+            !name.contains(&std::process::id().to_string()),
+            "{name} names the shim's pid"
+        );
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "{}", dir.display());
+        assert!(
+            std::fs::symlink_metadata(&a.path)
+                .unwrap()
+                .file_type()
+                .is_socket()
+        );
+        drop(a);
+        assert!(!dir.exists(), "{} left behind", dir.display());
     }
 }
