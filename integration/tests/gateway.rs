@@ -10,6 +10,11 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use belayer_integration::bench::openai::{Client, Gateway, Message, Upstream};
@@ -210,4 +215,236 @@ fn gateway_passes_requests_through_and_hints_the_mapped_containers() {
     for id in ["gw-header", "gw-bearer", "gw-user", "gw-runc"] {
         remove(&c, id);
     }
+}
+
+/// `belayer gateway` with no containerd behind it (what the attacks below test happens before any
+/// shim is asked), killed and its scratch directory removed on drop.
+struct BareGateway {
+    addr: SocketAddr,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl BareGateway {
+    #[track_caller]
+    fn start(namespace: &str, upstream: &str, args: &[&str]) -> Self {
+        let dir = scratch("gw");
+        let log = dir.join("gateway.log");
+        let mut child = Command::new(belayer_integration::prereq::bin_dir().join("belayer"))
+            .args([
+                "--namespace",
+                namespace,
+                "gateway",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--upstream", upstream])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("spawn belayer gateway");
+        let mut first = String::new();
+        let _ = BufReader::new(child.stdout.take().unwrap()).read_line(&mut first);
+        let addr = first
+            .strip_prefix("listening on http://")
+            .and_then(|r| r.split(',').next())
+            .and_then(|a| a.parse().ok());
+        let Some(addr) = addr else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "belayer gateway did not start: {first:?}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        };
+        Self { addr, child, dir }
+    }
+}
+
+impl Drop for BareGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A fresh directory under $TMPDIR.
+fn scratch(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let d = std::env::temp_dir().join(format!("belayer-{tag}-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Asserts a gateway error answer: its status and code.
+#[track_caller]
+fn expect_refused(m: Result<Message, String>, status: u16, code: &str) -> Message {
+    let m = m.expect("an answer");
+    let err = m.json();
+    assert_eq!(
+        (m.status, err["error"]["code"].as_str()),
+        (status, Some(code)),
+        "{err}"
+    );
+    m
+}
+
+/// A namespace header of `/tmp/...` or `../..` made the gateway join it into a control socket path
+/// and send hints to whatever listened there: now such names are refused with 400 before any
+/// socket is touched or anything is forwarded.
+#[test]
+fn gateway_refuses_header_names_that_are_paths() {
+    const NS: &str = "belayer-gw-attack";
+    // The control directory the `..` names climb out of (shims make it; this test has none).
+    let ctl = Path::new("/run/belayer/ctl").join(NS);
+    std::fs::create_dir_all(&ctl).unwrap();
+    let outside = scratch("gw-outside");
+    let bait = UnixListener::bind(outside.join("victim.sock")).unwrap();
+    bait.set_nonblocking(true).unwrap();
+    let up = Upstream::start(1, Duration::from_millis(10));
+    let gw = BareGateway::start(NS, &up.url(), &[]);
+    let mut via = Client::new(gw.addr);
+
+    let abs = outside.display().to_string();
+    let climb = format!("../../../..{abs}");
+    let json = ("content-type", "application/json");
+    let body = br#"{"model":"m","max_tokens":5}"#;
+    for headers in [
+        vec![
+            ("x-belayer-namespace", abs.as_str()),
+            ("x-belayer-container", "victim"),
+        ],
+        vec![
+            ("x-belayer-namespace", climb.as_str()),
+            ("x-belayer-container", "victim"),
+        ],
+        vec![
+            ("x-belayer-namespace", ".."),
+            ("x-belayer-container", "victim"),
+        ],
+        vec![("x-belayer-container", &format!("../../../..{abs}/victim"))],
+    ] {
+        let mut h = headers.clone();
+        h.push(json);
+        let m = expect_refused(
+            via.send("POST", CHAT, &h, body),
+            400,
+            "invalid_container_name",
+        );
+        assert!(
+            String::from_utf8_lossy(&m.body).contains("not valid"),
+            "{headers:?}"
+        );
+    }
+    // A valid name passes (its hints go to the namespace's own directory, where no shim is).
+    let ok = via.send(
+        "POST",
+        CHAT,
+        &[
+            json,
+            ("x-belayer-namespace", NS),
+            ("x-belayer-container", "victim"),
+        ],
+        body,
+    );
+    assert_eq!(ok.unwrap().status, 200);
+    assert_eq!(
+        up.seen.lock().unwrap().len(),
+        1,
+        "a refused request was forwarded"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    match bait.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("the gateway reached a socket outside the control directory: {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&outside);
+    let _ = std::fs::remove_dir(&ctl);
+}
+
+/// Bodies, requests in flight and header read time are bounded; the gateway listens on loopback
+/// unless told otherwise.
+#[test]
+fn gateway_bounds_bodies_requests_and_header_time() {
+    let up = Upstream::start(5, Duration::from_millis(300));
+    let gw = BareGateway::start(
+        "belayer-gw-bounds",
+        &up.url(),
+        &[
+            "--max-body",
+            "1024",
+            "--max-concurrent",
+            "1",
+            "--header-timeout-ms",
+            "300",
+        ],
+    );
+    let json = ("content-type", "application/json");
+    let hinted = [json, ("x-belayer-container", "box")];
+    let big = format!(r#"{{"model":"m","pad":"{}"}}"#, "x".repeat(2000));
+
+    // Oversize: 413, hinted (buffered) or passed through, and nothing reaches the upstream.
+    for headers in [&hinted[..], &[][..]] {
+        expect_refused(
+            Client::new(gw.addr).send("POST", CHAT, headers, big.as_bytes()),
+            413,
+            "request_too_large",
+        );
+    }
+    assert!(up.seen.lock().unwrap().is_empty());
+
+    // One request in flight at most: a second is refused with 503 while the first streams.
+    let addr = gw.addr;
+    let first = std::thread::spawn(move || {
+        Client::new(addr).send(
+            "POST",
+            CHAT,
+            &[("content-type", "application/json")],
+            br#"{"model":"m","stream":true}"#,
+        )
+    });
+    wait_until(Duration::from_secs(5), || {
+        !up.seen.lock().unwrap().is_empty()
+    });
+    let m = expect_refused(
+        Client::new(gw.addr).send("GET", "/v1/models", &[], b""),
+        503,
+        "too_many_requests",
+    );
+    assert_eq!(m.header("retry-after"), Some("1"));
+    assert_eq!(first.join().unwrap().unwrap().status, 200);
+    let again = Client::new(gw.addr).send("GET", "/v1/models", &[], b"");
+    assert_eq!(again.unwrap().status, 200, "the slot was not given back");
+
+    // A client that never finishes its headers is cut off.
+    let mut slow = TcpStream::connect(gw.addr).unwrap();
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+        .unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let t = Instant::now();
+    let mut rest = Vec::new();
+    let _ = slow.read_to_end(&mut rest);
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "a slow header held its connection for {:?}",
+        t.elapsed()
+    );
+
+    // Not on a non-loopback address unless told.
+    let out = Command::new(belayer_integration::prereq::bin_dir().join("belayer"))
+        .args(["gateway", "--listen", "0.0.0.0:0", "--upstream", &up.url()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--allow-remote"),
+        "{}: {err}",
+        out.status
+    );
 }

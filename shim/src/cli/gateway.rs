@@ -9,8 +9,16 @@
 //! a container is a generation: `llm-start` (with `expected_tokens` from `max_completion_tokens`,
 //! `max_tokens` or `max_output_tokens`) as it arrives, `llm-end` once its response has been sent
 //! or it failed, counting concurrent ones per container. `X-Belayer-*` headers never go upstream.
+//!
+//! Every client is a tenant: names from headers are checked as containerd names before they reach
+//! a socket path (400 otherwise), and bodies, requests in flight, header read time, connections
+//! and per-container state are bounded ([`Limits`]); it listens on loopback unless told otherwise.
 
 mod hints;
+mod limits;
+mod names;
+
+pub use limits::Limits;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -28,16 +36,16 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use hints::{Hints, InFlight, Target};
 
-/// Largest JSON request body read to find `user` and `max_tokens` (larger ones get 413).
-const MAX_INSPECTED: usize = 32 << 20;
 /// How long an idle upstream connection stays pooled.
 const POOL_IDLE: Duration = Duration::from_secs(90);
 
-type Body = UnsyncBoxBody<Bytes, hyper::Error>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 /// What `belayer gateway` was asked to do.
 #[derive(Clone, Debug)]
@@ -49,12 +57,17 @@ pub struct Config {
     pub maps: Vec<(String, String)>,
     /// Namespace of mapped containers unless `X-Belayer-Namespace` says otherwise.
     pub namespace: String,
+    /// What it serves at most.
+    pub limits: Limits,
 }
 
 /// Parses `--map KEY=CONTAINER` (split at the last `=`: container ids have none, keys may).
 pub fn parse_map(s: &str) -> Result<(String, String), String> {
     match s.rsplit_once('=') {
-        Some((k, c)) if !k.is_empty() && !c.is_empty() => Ok((k.to_string(), c.to_string())),
+        Some((k, c)) if !k.is_empty() && !c.is_empty() => {
+            names::check("container", c)?;
+            Ok((k.to_string(), c.to_string()))
+        }
         _ => Err(format!("{s:?} is not KEY=CONTAINER")),
     }
 }
@@ -107,11 +120,24 @@ struct Gateway {
     namespace: String,
     client: Client<HttpConnector, Body>,
     hints: Hints,
+    max_body: u64,
+    /// One permit per request in flight (its response streamed to the end).
+    requests: Arc<Semaphore>,
+    max_concurrent: u32,
 }
 
 /// Serves until killed; the error is why it could not start.
 pub fn run(cfg: Config) -> Result<(), String> {
     let upstream = Upstream::parse(&cfg.upstream)?;
+    names::check("namespace", &cfg.namespace)?;
+    let limits = cfg.limits.clone();
+    if !cfg.listen.ip().is_loopback() && !limits.allow_remote {
+        return Err(format!(
+            "listen on {}: not a loopback address; the gateway has no authentication, so pass \
+             --allow-remote to listen there",
+            cfg.listen
+        ));
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -132,14 +158,22 @@ pub fn run(cfg: Config) -> Result<(), String> {
             upstream,
             maps: cfg.maps.into_iter().collect(),
             namespace: cfg.namespace,
-            hints: Hints::default(),
+            hints: Hints::new(limits.max_containers as usize, hints::IDLE),
+            max_body: limits.max_body,
+            requests: Arc::new(Semaphore::new(limits.max_concurrent as usize)),
+            max_concurrent: limits.max_concurrent,
         });
+        let connections = Arc::new(Semaphore::new(limits.max_connections()));
         // The bound address (useful with port 0), first thing on stdout.
         println!(
             "listening on http://{addr}, forwarding to {}",
             gw.upstream.url
         );
         loop {
+            // Waits (the kernel queues new connections) while as many are open as allowed.
+            let Ok(open) = connections.clone().acquire_owned().await else {
+                return Err("the connection limit closed".to_string());
+            };
             let (stream, _) = match listener.accept().await {
                 Ok(s) => s,
                 Err(e) => {
@@ -150,13 +184,17 @@ pub fn run(cfg: Config) -> Result<(), String> {
             };
             let _ = stream.set_nodelay(true);
             let gw = gw.clone();
+            let header_timeout = limits.header_timeout();
             tokio::spawn(async move {
+                let _open = open;
                 let svc = hyper::service::service_fn(move |req| {
                     let gw = gw.clone();
                     async move { Ok::<_, Infallible>(gw.forward(req).await) }
                 });
                 // A client that goes away mid-request is no gateway error.
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(header_timeout)
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
             });
@@ -166,23 +204,39 @@ pub fn run(cfg: Config) -> Result<(), String> {
 
 impl Gateway {
     async fn forward(&self, req: Request<Incoming>) -> Response<Body> {
+        let Ok(permit) = self.requests.clone().try_acquire_owned() else {
+            let mut r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_requests",
+                format!(
+                    "{} requests are in flight, the most this gateway serves at once",
+                    self.max_concurrent
+                ),
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        };
         let (mut parts, body) = req.into_parts();
-        let mut target = self.header_target(&parts.headers);
+        if let Some(n) = content_length(&parts.headers)
+            && n > self.max_body
+        {
+            return self.too_large();
+        }
+        let mut target = match self.header_target(&parts.headers) {
+            Ok(t) => t,
+            Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_container_name", e),
+        };
         strip_belayer(&mut parts.headers);
         if target.is_none() {
             target = bearer(&parts.headers).and_then(|t| self.mapped(t));
         }
         let hinted = parts.method == Method::POST && (target.is_some() || !self.maps.is_empty());
         let (body, expected_tokens) = if hinted && is_json(&parts.headers) {
-            let bytes = match Limited::new(body, MAX_INSPECTED).collect().await {
+            let limit = usize::try_from(self.max_body).unwrap_or(usize::MAX);
+            let bytes = match Limited::new(body, limit).collect().await {
                 Ok(b) => b.to_bytes(),
-                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                    return error(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "request_too_large",
-                        format!("request body over {MAX_INSPECTED} bytes"),
-                    );
-                }
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => return self.too_large(),
                 Err(e) => {
                     return error(
                         StatusCode::BAD_REQUEST,
@@ -203,10 +257,12 @@ impl Gateway {
                 .boxed_unsync();
             (full, tokens)
         } else {
-            (body.boxed_unsync(), None)
+            // Streamed through: the bound ends the stream (and the request) where it is passed.
+            let limit = usize::try_from(self.max_body).unwrap_or(usize::MAX);
+            (Limited::new(body, limit).boxed_unsync(), None)
         };
         let guard = match (&target, parts.method == Method::POST) {
-            (Some(t), true) => Some(self.hints.begin(t.clone(), expected_tokens)),
+            (Some(t), true) => self.hints.begin(t.clone(), expected_tokens),
             _ => None,
         };
         parts.uri = match self.upstream.uri(&parts.uri) {
@@ -229,9 +285,15 @@ impl Gateway {
                 strip_hop_by_hop(&mut parts.headers);
                 // Framed by this server for its client, whatever the upstream spoke.
                 parts.version = hyper::Version::HTTP_11;
-                let body = Tracked { inner: body, guard }.boxed_unsync();
+                let body = Tracked {
+                    inner: body,
+                    guard,
+                    _permit: permit,
+                }
+                .boxed_unsync();
                 Response::from_parts(parts, body)
             }
+            Err(e) if caused_by::<http_body_util::LengthLimitError>(&e) => self.too_large(),
             Err(e) => error(
                 StatusCode::BAD_GATEWAY,
                 "upstream_unreachable",
@@ -244,16 +306,33 @@ impl Gateway {
         }
     }
 
-    fn header_target(&self, h: &HeaderMap) -> Option<Target> {
-        let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
-        let container = get("x-belayer-container").filter(|c| !c.is_empty())?;
-        Some(Target {
-            namespace: get("x-belayer-namespace")
-                .filter(|n| !n.is_empty())
-                .unwrap_or(&self.namespace)
-                .to_string(),
+    /// The container the `X-Belayer-*` headers name, if any; an error when a name is not one.
+    fn header_target(&self, h: &HeaderMap) -> Result<Option<Target>, String> {
+        let get = |n: &str| {
+            h.get(n)
+                .map(|v| v.to_str().map(str::trim).unwrap_or("\u{fffd}"))
+                .filter(|v| !v.is_empty())
+        };
+        let namespace = get("x-belayer-namespace");
+        if let Some(ns) = namespace {
+            names::check("namespace", ns)?;
+        }
+        let Some(container) = get("x-belayer-container") else {
+            return Ok(None);
+        };
+        names::check("container", container)?;
+        Ok(Some(Target {
+            namespace: namespace.unwrap_or(&self.namespace).to_string(),
             container: container.to_string(),
-        })
+        }))
+    }
+
+    fn too_large(&self) -> Response<Body> {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("request body over {} bytes", self.max_body),
+        )
     }
 
     fn mapped(&self, key: &str) -> Option<Target> {
@@ -283,6 +362,28 @@ fn bearer(h: &HeaderMap) -> Option<&str> {
     scheme
         .eq_ignore_ascii_case("bearer")
         .then_some(token.trim())
+}
+
+/// The request's `Content-Length`, if it has a valid one.
+fn content_length(h: &HeaderMap) -> Option<u64> {
+    h.get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Whether an `E` is somewhere in `e`'s source chain.
+fn caused_by<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if c.is::<E>() {
+            return true;
+        }
+        cur = c.source();
+    }
+    false
 }
 
 fn is_json(h: &HeaderMap) -> bool {
@@ -341,25 +442,27 @@ fn error(status: StatusCode, code: &str, message: String) -> Response<Body> {
 }
 
 /// A response body that ends its generation (drops its [`InFlight`]) at its last frame, or when
-/// the client goes away and the server drops it.
+/// the client goes away and the server drops it; it holds its request's place among those in
+/// flight until the server drops it.
 struct Tracked {
     inner: Incoming,
     guard: Option<InFlight>,
+    _permit: OwnedSemaphorePermit,
 }
 
 impl hyper::body::Body for Tracked {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
             self.guard.take();
         }
-        polled
+        polled.map(|f| f.map(|r| r.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {

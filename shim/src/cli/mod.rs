@@ -103,6 +103,8 @@ pub enum Command {
         /// CONTAINER (after the `X-Belayer-Container` header). Repeatable.
         #[arg(long = "map", value_name = "KEY=CONTAINER", value_parser = gateway::parse_map)]
         maps: Vec<(String, String)>,
+        #[command(flatten)]
+        limits: gateway::Limits,
     },
     /// Print the action journal: one action a line.
     Journal {
@@ -202,11 +204,13 @@ pub fn run(cli: Cli) -> Result<(), String> {
             listen,
             upstream,
             maps,
+            limits,
         } => gateway::run(gateway::Config {
             listen,
             upstream,
             maps,
             namespace: ns.clone(),
+            limits,
         })?,
         Command::Status { container } => {
             let ctl = ctl(&container).require(&containerd)?;
