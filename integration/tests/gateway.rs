@@ -304,6 +304,7 @@ fn gateway_refuses_header_names_that_are_paths() {
     let ctl = Path::new("/run/belayer/ctl").join(NS);
     std::fs::create_dir_all(&ctl).unwrap();
     let outside = scratch("gw-outside");
+    let _cleanup = Removed(vec![ctl.clone(), outside.clone()]);
     let bait = UnixListener::bind(outside.join("victim.sock")).unwrap();
     bait.set_nonblocking(true).unwrap();
     let up = Upstream::start(1, Duration::from_millis(10));
@@ -363,8 +364,17 @@ fn gateway_refuses_header_names_that_are_paths() {
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
         other => panic!("the gateway reached a socket outside the control directory: {other:?}"),
     }
-    let _ = std::fs::remove_dir_all(&outside);
-    let _ = std::fs::remove_dir(&ctl);
+}
+
+/// Directories removed on drop, pass or fail.
+struct Removed(Vec<PathBuf>);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
 }
 
 /// Bodies, requests in flight and header read time are bounded; the gateway listens on loopback
