@@ -466,7 +466,11 @@ impl Inner {
             .as_nanos();
         let dir = uppers.join(format!("g{stamp}"));
         let (upper, work) = (dir.join("upper"), dir.join("work"));
-        std::fs::create_dir_all(&dir).map_err(io(format!("create {}", dir.display())))?;
+        // 0700: the upper's own root takes the mode of the container's `/`; this parent keeps
+        // other users from its files (a setuid binary a container wrote, say).
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&dir)
+            .map_err(io(format!("create {}", dir.display())))?;
         let store = self.settings.store();
         let took = criu_bridge::mount_rootfs(&store, cp, &upper, &work, &target)?;
         // CRIU recreates the container's root as a slave of the rootfs mount's peer group if it

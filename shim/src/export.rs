@@ -17,7 +17,13 @@
 //! checkpoint behind, memory pages included. CRI unpacks its archive into the container's
 //! `ctrd-restore/checkpoint` and removes that itself after the start: its files are hardlinked.
 //! Any other directory is only read, and copied from.
+//!
+//! An imported checkpoint is untrusted input (docs/security.md): its archive is bounded
+//! ([`crate::archive`]) and its members confined before it is unpacked, it lands under the
+//! namespace and id of the container being created, whatever names it carries, and stacks on
+//! that container's image snapshot, never on lower dirs its manifests name.
 
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -28,6 +34,7 @@ use criu_bridge::runc::Spawner;
 use criu_bridge::store::StoreError;
 
 use crate::api::RestoreOptions;
+use crate::checkpoint::chain;
 use crate::error::{Error, Result, io};
 use crate::task::Inner;
 
@@ -159,11 +166,27 @@ fn export(
     let cp = store.load(namespace, container, seq)?;
     // Retention or a `belayer rm` must not take a member while it is being read.
     let _lease = store.lease(&cp, (namespace, container))?;
-    std::fs::create_dir_all(dest).map_err(io(format!("create {}", dest.display())))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dest)
+        .map_err(io(format!("create {}", dest.display())))?;
     let criu = cp.criu_dir();
     for file in flat_files(&criu)? {
-        place_file(&file, &dest.join(file.file_name().unwrap_or_default()), how)?;
+        let to = dest.join(file.file_name().unwrap_or_default());
+        place_file(&file, &to, how)?;
+        private_file(&to)?;
     }
+    // Created root-only before tar writes the older checkpoints' memory pages into it.
+    let chain = dest.join(CHAIN_ARCHIVE);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&chain)
+        .map_err(io(format!("create {}", chain.display())))?;
+    private_file(&chain)?;
     let relative = |p: &Path| p.strip_prefix(store.root()).map(Path::to_path_buf);
     let skip = relative(&criu)
         .map_err(|_| Error::Checkpoint(format!("{} is outside the store", criu.display())))?;
@@ -172,7 +195,7 @@ fn export(
         .arg("--format=posix")
         .args(TAR_OPTIONS)
         .arg("--file")
-        .arg(dest.join(CHAIN_ARCHIVE))
+        .arg(&chain)
         .arg("--directory")
         .arg(store.root())
         .arg("--anchored")
@@ -190,6 +213,12 @@ fn export(
         &format!("archive the chain into {}", dest.display()),
         tar,
     )
+}
+
+/// Makes `path` readable by root only (0600), whatever mode it was created or copied with.
+fn private_file(path: &Path) -> Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io(format!("chmod {}", path.display())))
 }
 
 /// The prefix of an import's staging directory in the store root; the shim's pid follows.
@@ -252,14 +281,31 @@ impl Drop for RuncImages {
 /// CRIU's first image, in every dump.
 const CRIU_INVENTORY: &str = "inventory.img";
 
-/// Imports the export at `path` (module doc) into `store`, unless its checkpoints are there
-/// already, and names its newest checkpoint. The export's files are placed as `how` says.
-/// runc's images (no [`CHAIN_ARCHIVE`]) are left where they are.
+/// The container an import is for: it owns whatever it imports.
+#[derive(Clone, Debug)]
+pub struct Owner {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its id.
+    pub container: String,
+    /// The lower dirs of its image snapshot, newest first; `None` when its rootfs is not an
+    /// overlay (nothing to stack a Belayer checkpoint on).
+    pub image_lowers: Option<Vec<PathBuf>>,
+    /// The bounds of an import.
+    pub limits: crate::archive::ImportLimits,
+}
+
+/// Imports the export at `path` (module doc) into `store` as `owner`'s checkpoints, unless they
+/// are there already, and names its newest checkpoint. Before anything is unpacked the archive is
+/// bounded and its members confined; before anything is created or moved every path its
+/// manifests name is confined to its checkpoint ([`criu_bridge::Store::claim`]). The export's
+/// files are placed as `how` says. runc's images (no [`CHAIN_ARCHIVE`]) are left where they are.
 fn import(
     store: &criu_bridge::Store,
     path: &Path,
     how: Placing,
     spawner: &dyn Spawner,
+    owner: &Owner,
 ) -> Result<Imported> {
     let archive = path.join(CHAIN_ARCHIVE);
     if !archive.is_file() {
@@ -276,6 +322,26 @@ fn import(
         )));
     }
     let images = flat_files(path)?;
+    let refused = |e: &dyn std::error::Error| {
+        Error::InvalidArgument(format!("import {}: {}", path.display(), chain(e)))
+    };
+    let image_lowers = owner.image_lowers.as_ref().ok_or_else(|| {
+        Error::FailedPrecondition(format!(
+            "import {}: container {} has no overlay image snapshot to stack a Belayer checkpoint on",
+            path.display(),
+            owner.container
+        ))
+    })?;
+    let mut beside = 0u64;
+    for image in &images {
+        let len = std::fs::metadata(image)
+            .map_err(io(format!("stat {}", image.display())))?
+            .len();
+        beside = beside.saturating_add(len);
+    }
+    store.secure()?;
+    crate::archive::check(&archive, beside, &owner.limits, store.root())
+        .map_err(|e| refused(&e))?;
     // Unpacked beside the store's checkpoints, so that they move into place by rename.
     remove_dead_imports(store.root());
     let stamp = std::time::SystemTime::now()
@@ -285,7 +351,10 @@ fn import(
     let staging = store
         .root()
         .join(format!("{IMPORT_PREFIX}{}-{stamp}", std::process::id()));
-    std::fs::create_dir_all(&staging).map_err(io(format!("create {}", staging.display())))?;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&staging)
+        .map_err(io(format!("create {}", staging.display())))?;
     let _remove = criu_bridge::store::RemoveOnDrop(staging.clone());
     let mut tar = Command::new("tar");
     tar.arg("--extract")
@@ -298,24 +367,12 @@ fn import(
         .arg(&staging);
     run(spawner, &format!("unpack {}", archive.display()), tar)?;
 
-    let mut chains = Vec::new();
-    let top = staging.join("checkpoints");
-    for ns in std::fs::read_dir(&top).into_iter().flatten().flatten() {
-        for c in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
-            chains.push((
-                ns.file_name().to_string_lossy().into_owned(),
-                c.file_name().to_string_lossy().into_owned(),
-            ));
-        }
-    }
-    let [(namespace, container)] = &chains[..] else {
-        return Err(Error::InvalidArgument(format!(
-            "{} holds {} checkpoint chains, not one",
-            archive.display(),
-            chains.len()
-        )));
-    };
     let exported = criu_bridge::Store::new(&staging);
+    // The importer's, whatever the archive names: confined, ids in range, on its own image.
+    let (namespace, container) = (&owner.namespace, &owner.container);
+    exported
+        .claim(namespace, container, image_lowers)
+        .map_err(|e| refused(&e))?;
     // Never restore ours in place of theirs: a clash is refused before anything moves (and
     // again at the move, for a number this store took meanwhile).
     let clash = |e: StoreError| match e {
@@ -404,15 +461,27 @@ impl Inner {
         .map_err(|e| Error::Checkpoint(e.to_string()))?
     }
 
-    /// For a task created from a containerd checkpoint directory: imports the exported chain into
-    /// this node's store (unless already there) and names the checkpoint to restore; runc's
-    /// images stay where they are, for the start.
-    pub async fn import_checkpoint(&self, path: &str) -> Result<Imported> {
+    /// For task `id` created from a containerd checkpoint directory on the image snapshot whose
+    /// lower dirs are `image_lowers`: imports the exported chain into this node's store as
+    /// `id`'s (unless already there) and names the checkpoint to restore; runc's images stay
+    /// where they are, for the start.
+    pub async fn import_checkpoint(
+        &self,
+        path: &str,
+        id: &str,
+        image_lowers: Option<Vec<PathBuf>>,
+    ) -> Result<Imported> {
         let store = self.store();
         let path = PathBuf::from(path);
+        let owner = Owner {
+            namespace: self.namespace.clone(),
+            container: id.to_string(),
+            image_lowers,
+            limits: self.settings.import.clone(),
+        };
         tokio::task::spawn_blocking(move || {
             let how = placing_for(&path);
-            let found = import(&store, &path, how, &crate::reaper::ReaperSpawner)?;
+            let found = import(&store, &path, how, &crate::reaper::ReaperSpawner, &owner)?;
             if how == Placing::Take
                 && matches!(found, Imported::Belayer(_))
                 && let Err(e) = std::fs::remove_dir_all(&path)
@@ -456,17 +525,39 @@ mod tests {
         assert_eq!(placing_for(Path::new("/srv/export")), Placing::Copy);
     }
 
-    fn import_error(export: &Path) -> String {
-        let store = tempfile::tempdir().unwrap();
-        let store = criu_bridge::Store::new(store.path());
-        let e = import(
-            &store,
+    /// The container importing in the tests: `default/importer` on the image `lowers`.
+    fn owner(lowers: &[PathBuf]) -> Owner {
+        Owner {
+            namespace: "default".into(),
+            container: "importer".into(),
+            image_lowers: Some(lowers.to_vec()),
+            limits: Default::default(),
+        }
+    }
+
+    fn import_as(store: &criu_bridge::Store, export: &Path, owner: &Owner) -> Result<Imported> {
+        import(
+            store,
             export,
             Placing::Copy,
             &criu_bridge::runc::StdSpawner,
+            owner,
         )
-        .expect_err("a bad export imported")
-        .to_string();
+    }
+
+    /// Why `owner`'s import of `export` into `store` is refused.
+    fn refusal(store: &criu_bridge::Store, export: &Path, owner: &Owner) -> String {
+        import_as(store, export, owner)
+            .expect_err("imported")
+            .to_string()
+    }
+
+    fn import_error(export: &Path) -> String {
+        let store = tempfile::tempdir().unwrap();
+        let store = criu_bridge::Store::new(store.path());
+        let e = import_as(&store, export, &owner(&[]))
+            .expect_err("a bad export imported")
+            .to_string();
         let leftovers: Vec<_> = std::fs::read_dir(store.root())
             .unwrap()
             .flatten()
@@ -489,7 +580,14 @@ mod tests {
             (Placing::Copy, false),
             (Placing::Take, true),
         ] {
-            let found = import(&store, dir.path(), how, &criu_bridge::runc::StdSpawner).unwrap();
+            let found = import(
+                &store,
+                dir.path(),
+                how,
+                &criu_bridge::runc::StdSpawner,
+                &owner(&[]),
+            )
+            .unwrap();
             assert!(
                 matches!(&found, Imported::Runc(images)
                     if images.dir == dir.path() && images.remove == remove),
@@ -512,29 +610,23 @@ mod tests {
         );
 
         // A chain archive cut short (a tar of one file, truncated inside that file).
-        let src = dir.path().join("src");
-        std::fs::create_dir_all(src.join("checkpoints/ns/c/1")).unwrap();
-        std::fs::write(
-            src.join("checkpoints/ns/c/1/manifest.json"),
-            vec![b'x'; 20_000],
-        )
-        .unwrap();
-        let tar = dir.path().join(CHAIN_ARCHIVE);
-        let made = Command::new("tar")
-            .arg("--create")
-            .arg("--file")
-            .arg(&tar)
-            .arg("--directory")
-            .arg(&src)
-            .arg("checkpoints")
-            .status()
+        let export = forged_export(|src| {
+            std::fs::create_dir_all(src.join("checkpoints/ns/c/1")).unwrap();
+            std::fs::write(
+                src.join("checkpoints/ns/c/1/manifest.json"),
+                vec![b'x'; 20_000],
+            )
             .unwrap();
-        assert!(made.success());
-        std::fs::remove_dir_all(&src).unwrap();
+        });
+        let tar = export.path().join(CHAIN_ARCHIVE);
         let bytes = std::fs::read(&tar).unwrap();
         std::fs::write(&tar, &bytes[..bytes.len() / 3]).unwrap();
-        let e = import_error(dir.path());
-        assert!(e.contains("unpack") && e.contains(CHAIN_ARCHIVE), "{e}");
+        let e = import_error(export.path());
+        // Its headers are read before it is unpacked.
+        assert!(
+            e.contains("is not a whole tar archive") && e.contains(CHAIN_ARCHIVE),
+            "{e}"
+        );
 
         // A staging directory of an import that died is cleared by the next one.
         let store = tempfile::tempdir().unwrap();
@@ -548,8 +640,302 @@ mod tests {
         assert!(!dead.exists() && live.exists());
 
         // Something other than files beside it.
-        std::fs::create_dir(dir.path().join("sub")).unwrap();
-        let e = import_error(dir.path());
+        std::fs::create_dir(export.path().join("sub")).unwrap();
+        let e = import_error(export.path());
         assert!(e.contains("is not a regular file"), "{e}");
+    }
+
+    use criu_bridge::store::Manifest;
+
+    /// A checkpoint's manifest as an archive's author writes it (no files recorded: an import
+    /// does not verify, the restore after it does).
+    fn manifest(namespace: &str, container: &str, seq: u64, lowers: &[PathBuf]) -> Manifest {
+        Manifest {
+            format_version: criu_bridge::store::FORMAT_VERSION,
+            namespace: namespace.into(),
+            container: container.into(),
+            seq,
+            parent: None,
+            created_unix_ms: 1,
+            spec_digest: "sha256:0".into(),
+            image_lowers: lowers.to_vec(),
+            rootfs_shared: false,
+            fs_chain: vec![seq],
+            criu_dir: "criu".into(),
+            fs_dir: "fs".into(),
+            leave_running: true,
+            uncaptured_execs: Vec::new(),
+            criu_options: Default::default(),
+            sizes: Default::default(),
+            timings: Default::default(),
+            criu_stats: None,
+            capture: Default::default(),
+            files: Vec::new(),
+        }
+    }
+
+    /// Writes `m`'s checkpoint dir into the store tree `root`: an fs layer of one file, its
+    /// manifest; returns the dir.
+    fn plant(root: &Path, m: &Manifest) -> PathBuf {
+        let dir = root.join(format!(
+            "checkpoints/{}/{}/{}",
+            m.namespace, m.container, m.seq
+        ));
+        std::fs::create_dir_all(dir.join("fs")).unwrap();
+        std::fs::write(dir.join("fs/file"), b"x").unwrap();
+        std::fs::write(dir.join("manifest.json"), m.to_bytes()).unwrap();
+        dir
+    }
+
+    /// An export as its author packs it: the store tree `build` writes into a fresh dir, as
+    /// [`CHAIN_ARCHIVE`] (GNU tar, holes kept), beside a CRIU inventory.
+    fn forged_export(build: impl FnOnce(&Path)) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("checkpoints")).unwrap();
+        build(&src);
+        let made = Command::new("tar")
+            .args(["--create", "--format=posix", "--sparse", "--file"])
+            .arg(dir.path().join(CHAIN_ARCHIVE))
+            .arg("--directory")
+            .arg(&src)
+            .arg("checkpoints")
+            .status()
+            .unwrap();
+        assert!(made.success());
+        std::fs::remove_dir_all(&src).unwrap();
+        std::fs::write(dir.path().join(CRIU_INVENTORY), b"criu").unwrap();
+        dir
+    }
+
+    /// A store whose `default/victim` has checkpoint 1, and a snapshot dir for the importer.
+    fn victim_store() -> (tempfile::TempDir, criu_bridge::Store, Vec<PathBuf>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = criu_bridge::Store::new(tmp.path().join("store"));
+        let snapshot = vec![tmp.path().join("snapshot")];
+        std::fs::create_dir_all(&snapshot[0]).unwrap();
+        plant(store.root(), &manifest("default", "victim", 1, &snapshot));
+        (tmp, store, snapshot)
+    }
+
+    /// An archive's manifest naming an absolute `criu_dir` (a stand-in for /etc/cron.d) or one
+    /// that climbs out with `..`: refused, and nothing is created or copied there.
+    #[test]
+    fn a_criu_dir_outside_the_checkpoint_is_refused_before_anything_is_written() {
+        let (tmp, store, lowers) = victim_store();
+        let cron = tmp.path().join("cron.d");
+        for criu_dir in [
+            cron.display().to_string(),
+            "../../../../../../cron.d".into(),
+        ] {
+            let export = forged_export(|src| {
+                let mut m = manifest("default", "c", 1, &lowers);
+                m.criu_dir = criu_dir.clone();
+                plant(src, &m);
+            });
+            let e = refusal(&store, export.path(), &owner(&lowers));
+            assert!(e.contains("criu_dir"), "{criu_dir}: {e}");
+            assert!(
+                !cron.exists(),
+                "{criu_dir}: the import wrote outside the store"
+            );
+            assert!(store.list("default", "importer").unwrap().is_empty());
+        }
+    }
+
+    /// An archive's manifest naming a host dir among its image lower dirs: the import stacks on
+    /// the importer's own image snapshot instead, and one naming another number of them is
+    /// refused.
+    #[test]
+    fn image_lower_dirs_are_the_importer_s_snapshot_whatever_the_archive_names() {
+        let (tmp, store, lowers) = victim_store();
+        let host = tmp.path().join("host-etc");
+        std::fs::create_dir_all(&host).unwrap();
+        let export = forged_export(|src| {
+            plant(
+                src,
+                &manifest("default", "c", 1, std::slice::from_ref(&host)),
+            );
+        });
+        let found = import_as(&store, export.path(), &owner(&lowers)).unwrap();
+        assert!(
+            matches!(&found, Imported::Belayer(o)
+                if (o.namespace.as_str(), o.container.as_str(), o.checkpoint)
+                    == ("default", "importer", 1)),
+            "{found:?}"
+        );
+        let cp = store.load("default", "importer", 1).unwrap();
+        assert_eq!(cp.manifest.image_lowers, lowers);
+        assert!(cp.criu_dir().join(CRIU_INVENTORY).is_file());
+
+        let export = forged_export(|src| {
+            plant(
+                src,
+                &manifest("default", "c", 2, &[host.clone(), host.clone()]),
+            );
+        });
+        let e = refusal(&store, export.path(), &owner(&lowers));
+        assert!(e.contains("image lower dirs"), "{e}");
+    }
+
+    /// An archive whose `fs` is a symlink to a host dir: refused before it could be mounted.
+    #[test]
+    fn a_symlinked_fs_dir_is_refused() {
+        let (tmp, store, lowers) = victim_store();
+        let host = tmp.path().join("host-etc");
+        std::fs::create_dir_all(&host).unwrap();
+        let export = forged_export(|src| {
+            let dir = plant(src, &manifest("default", "c", 1, &lowers));
+            std::fs::remove_dir_all(dir.join("fs")).unwrap();
+            std::os::unix::fs::symlink(&host, dir.join("fs")).unwrap();
+        });
+        let e = refusal(&store, export.path(), &owner(&lowers));
+        assert!(e.contains("fs_dir") && e.contains("symlink"), "{e}");
+        assert!(store.list("default", "importer").unwrap().is_empty());
+    }
+
+    /// An archive naming another container of this store (`default/victim`), with an id that
+    /// would wrap its next one, or with a symlink to its dir as the archive's container dir:
+    /// the victim's checkpoints stay as they were; a well-formed one lands under the importer.
+    #[test]
+    fn an_import_never_joins_or_takes_another_container_s_chain() {
+        let (_tmp, store, lowers) = victim_store();
+        let victim = store.container_dir("default", "victim").unwrap();
+        let export = forged_export(|src| {
+            let mut m = manifest("default", "victim", 1, &lowers);
+            m.seq = u64::MAX;
+            m.fs_chain = vec![u64::MAX];
+            let dir = plant(src, &manifest("default", "victim", 1, &lowers));
+            std::fs::write(dir.join("manifest.json"), m.to_bytes()).unwrap();
+            std::fs::rename(&dir, dir.with_file_name(u64::MAX.to_string())).unwrap();
+        });
+        let e = refusal(&store, export.path(), &owner(&lowers));
+        assert!(e.contains("18446744073709551615"), "{e}");
+
+        let export = forged_export(|src| {
+            std::fs::create_dir_all(src.join("checkpoints/default")).unwrap();
+            std::os::unix::fs::symlink(&victim, src.join("checkpoints/default/evil")).unwrap();
+        });
+        let e = refusal(&store, export.path(), &owner(&lowers));
+        assert!(e.contains("symlink"), "{e}");
+        assert_eq!(store.list("default", "victim").unwrap(), [1]);
+        assert!(victim.join("1/manifest.json").is_file());
+
+        let export = forged_export(|src| {
+            plant(src, &manifest("default", "victim", 2, &lowers));
+        });
+        import_as(&store, export.path(), &owner(&lowers)).unwrap();
+        assert_eq!(store.list("default", "victim").unwrap(), [1]);
+        assert_eq!(store.list("default", "importer").unwrap(), [2]);
+        let m = store.load("default", "importer", 2).unwrap().manifest;
+        assert_eq!(
+            (m.namespace, m.container),
+            ("default".into(), "importer".into())
+        );
+    }
+
+    /// A sparse member of 1 TiB apparent size (a few KiB of archive), more members or bytes
+    /// than the limits: refused before anything is unpacked.
+    #[test]
+    fn oversized_and_sparse_archives_are_refused_before_they_are_unpacked() {
+        let (_tmp, store, lowers) = victim_store();
+        let export = forged_export(|src| {
+            let dir = plant(src, &manifest("default", "c", 1, &lowers));
+            let f = std::fs::File::create(dir.join("fs/holes")).unwrap();
+            f.set_len(1 << 40).unwrap();
+        });
+        let archive = std::fs::metadata(export.path().join(CHAIN_ARCHIVE)).unwrap();
+        assert!(archive.len() < 1 << 20, "{}", archive.len());
+        let unpacked = || {
+            std::fs::read_dir(store.root())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(IMPORT_PREFIX))
+                .count()
+        };
+        let e = refusal(&store, export.path(), &owner(&lowers));
+        assert!(
+            e.contains("max_unpacked_bytes") && e.contains("sparse"),
+            "{e}"
+        );
+        assert_eq!(unpacked(), 0);
+        for (limits, setting) in [
+            (
+                crate::archive::ImportLimits {
+                    max_files: 3,
+                    ..Default::default()
+                },
+                "max_files",
+            ),
+            (
+                crate::archive::ImportLimits {
+                    max_archive_bytes: 4096,
+                    ..Default::default()
+                },
+                "max_archive_bytes",
+            ),
+        ] {
+            let export = forged_export(|src| {
+                plant(src, &manifest("default", "c", 1, &lowers));
+            });
+            let mut who = owner(&lowers);
+            who.limits = limits;
+            let e = refusal(&store, export.path(), &who);
+            assert!(e.contains(setting), "{e}");
+        }
+        assert!(store.list("default", "importer").unwrap().is_empty());
+        assert_eq!(unpacked(), 0);
+    }
+
+    /// A member no export holds (an absolute name): refused before anything is unpacked.
+    #[test]
+    fn members_outside_the_chain_are_refused_before_they_are_unpacked() {
+        let (tmp, store, lowers) = victim_store();
+        let outside = tmp.path().join("outside");
+        std::fs::write(&outside, b"x").unwrap();
+        let export = forged_export(|src| {
+            plant(src, &manifest("default", "c", 1, &lowers));
+        });
+        let archive = export.path().join(CHAIN_ARCHIVE);
+        let appended = Command::new("tar")
+            .args(["--append", "--format=posix", "--absolute-names", "--file"])
+            .arg(&archive)
+            .arg(&outside)
+            .status()
+            .unwrap();
+        assert!(appended.success());
+        let e = refusal(&store, export.path(), &owner(&lowers));
+        assert!(e.contains("is absolute"), "{e}");
+    }
+
+    /// An export is root-only: its dir 0700, its images and chain archive 0600, whatever the
+    /// umask; and it imports whole.
+    #[test]
+    fn an_export_is_root_only_and_imports_whole() {
+        use std::os::unix::fs::PermissionsExt;
+        let (tmp, store, lowers) = victim_store();
+        let cp = store.load("default", "victim", 1).unwrap();
+        std::fs::create_dir_all(cp.criu_dir()).unwrap();
+        std::fs::write(cp.criu_dir().join(CRIU_INVENTORY), b"criu").unwrap();
+        let dest = tmp.path().join("export");
+        export(
+            &store,
+            "default",
+            "victim",
+            1,
+            &dest,
+            Placing::Copy,
+            &criu_bridge::runc::StdSpawner,
+        )
+        .unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dest), 0o700);
+        for name in [CHAIN_ARCHIVE, CRIU_INVENTORY] {
+            assert_eq!(mode(&dest.join(name)), 0o600, "{name}");
+        }
+        import_as(&store, &dest, &owner(&lowers)).unwrap();
+        let imported = store.load("default", "importer", 1).unwrap();
+        assert!(imported.criu_dir().join(CRIU_INVENTORY).is_file());
+        assert!(imported.fs_dir().join("file").is_file());
     }
 }

@@ -178,7 +178,17 @@ impl Journal {
     /// failing the exec or checkpoint it records.
     fn persist(&self, suffix: &str, write: impl FnOnce(&Path) -> std::io::Result<()>) {
         let path = self.file(suffix);
-        if let Err(e) = std::fs::create_dir_all(&self.dir).and_then(|()| write(&path)) {
+        // Root-only (it holds every exec's environment), whatever the umask.
+        let private = |p: &Path| {
+            use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&self.dir)?;
+            write(p)?;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o600))
+        };
+        if let Err(e) = private(&path) {
             log::warn!(
                 "journal file {} not updated ({e}); it lags the journal in memory",
                 path.display()

@@ -2,6 +2,7 @@
 //! runc and serves containerd's task API.
 
 pub mod api;
+pub mod archive;
 pub mod auto;
 pub mod cgroup;
 pub mod checkpoint;

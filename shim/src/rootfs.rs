@@ -140,6 +140,24 @@ pub fn overlay_at(mountinfo: &str, target: &Path) -> Option<Overlay> {
     })
 }
 
+/// The lower dirs (newest first) of the image snapshot a container is created on: those of the
+/// overlay among containerd's `mounts`, or of the overlay already mounted at `rootfs` when
+/// containerd mounted it; `None` when it is no overlay.
+pub fn snapshot_lowers(mounts: &[Mount], rootfs: &Path) -> Option<Vec<PathBuf>> {
+    if mounts.is_empty() {
+        return overlay(rootfs).ok().map(|o| o.lowers);
+    }
+    mounts
+        .iter()
+        .filter(|m| m.type_ == "overlay")
+        .find_map(|m| {
+            m.options
+                .iter()
+                .find_map(|o| o.strip_prefix("lowerdir="))
+                .map(|l| l.split(':').map(PathBuf::from).collect())
+        })
+}
+
 /// The overlay behind the container's rootfs, or why there is none.
 pub fn overlay(rootfs: &Path) -> Result<Overlay> {
     let info =

@@ -97,6 +97,10 @@ impl Shim for Service {
             log::error!("{e}; using default settings");
             Default::default()
         });
+        // Root-only at rest, whatever the umask or a deployment made of the store root.
+        if let Err(e) = settings.store().secure() {
+            log::error!("the checkpoint store is not private: {e}");
+        }
         TaskService::new(
             &self.namespace,
             runc,

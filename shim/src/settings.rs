@@ -34,6 +34,8 @@ pub struct Settings {
     pub network_lock: String,
     /// The checkpoint scheduler's settings (see scheduler/README.md).
     pub scheduler: scheduler::SchedulerConfig,
+    /// Bounds on an imported checkpoint (`[import]`).
+    pub import: crate::archive::ImportLimits,
 }
 
 impl Default for Settings {
@@ -48,6 +50,7 @@ impl Default for Settings {
             lazy_restore: "auto".into(),
             network_lock: "auto".into(),
             scheduler: scheduler::SchedulerConfig::default(),
+            import: crate::archive::ImportLimits::default(),
         }
     }
 }

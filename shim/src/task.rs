@@ -265,7 +265,11 @@ impl Inner {
         };
         let restore = match req.checkpoint.as_str() {
             "" => restore_options(&spec)?.map(Imported::Belayer),
-            path => Some(self.import_checkpoint(path).await?),
+            path => {
+                // An import stacks on this container's own image, never on lower dirs it names.
+                let lowers = crate::rootfs::snapshot_lowers(&req.rootfs, &spec.root(&bundle));
+                Some(self.import_checkpoint(path, &req.id, lowers).await?)
+            }
         };
         let journal =
             crate::journal::Journal::open(self.settings.journals(&self.namespace), &req.id);
