@@ -15,13 +15,19 @@ pub(super) struct Incoming {
     pub conn: UnixStream,
 }
 
-/// Binds `path` atomically (bind a temporary name beside it, then rename over it).
+/// Binds `path` atomically: binds in a fresh private directory beside it (`mkdtemp`: random
+/// name, mode 0700), then renames over it. No temporary name in the socket's directory that
+/// another user could predict and take first.
 pub(super) fn bind(path: &Path) -> std::io::Result<UnixListener> {
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let l = UnixListener::bind(&tmp)?;
-    std::fs::rename(&tmp, path)?;
-    Ok(l)
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let staging = nix::unistd::mkdtemp(&dir.join(".belayer-serve-XXXXXX"))?;
+    let tmp = staging.join("s");
+    let bound = UnixListener::bind(&tmp).and_then(|l| std::fs::rename(&tmp, path).map(|()| l));
+    let _ = std::fs::remove_dir_all(&staging);
+    bound
 }
 
 /// Writes one reply line; a client that went away is not an error of the server.
