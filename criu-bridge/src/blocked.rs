@@ -11,6 +11,16 @@
 //! A checkpoint looks for them first: [`blocked_task`] before freezing (a running task in `D` is
 //! really blocked), [`vfork_waiter`] once frozen (the freezer reports frozen tasks as `D` too,
 //! but a vfork wait keeps its kernel function).
+//!
+//! Two more kinds CRIU cannot take from a frozen container here, found by [`unsupported_task`]
+//! before anything is frozen:
+//!
+//! - a task of another tracer (a debugger, `strace`): CRIU's `PTRACE_SEIZE` fails;
+//! - under the cgroup v1 freezer, a stopped task (SIGSTOP, SIGTSTP, job control): the kernel's
+//!   `PTRACE_SEIZE` of a stopped task waits for it to re-enter its stop as a ptrace trap, which a
+//!   task frozen by the v1 freezer never does. CRIU waits in the kernel, the container frozen,
+//!   for as long as nobody thaws it. The cgroup v2 freezer lets the trap happen: CRIU records
+//!   the task as stopped and a restore stops it again.
 
 use std::path::Path;
 
@@ -23,6 +33,10 @@ pub struct BlockedTask {
     pub comm: String,
     /// The kernel function it waits in, when the kernel tells.
     pub wchan: String,
+    /// Its state letter (`D`, `T`, `t`, …).
+    pub state: char,
+    /// The pid of the process tracing it, 0 for none.
+    pub tracer: i32,
 }
 
 impl BlockedTask {
@@ -30,13 +44,24 @@ impl BlockedTask {
     pub fn in_vfork(&self) -> bool {
         is_vfork_wait(&self.wchan)
     }
+
+    /// Is it stopped (by a signal or job control, or in a ptrace stop), frozen or not?
+    pub fn is_stopped(&self) -> bool {
+        is_stopped(self.state, &self.wchan)
+    }
 }
 
 impl std::fmt::Display for BlockedTask {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "task {} ({})", self.tid, self.comm)?;
-        if self.in_vfork() {
+        if self.tracer != 0 {
+            write!(f, " is traced by pid {}", self.tracer)
+        } else if self.is_stopped() {
+            write!(f, " is stopped (SIGSTOP, SIGTSTP or job control)")
+        } else if self.in_vfork() {
             write!(f, " is in vfork, waiting for its child to exec")
+        } else if self.state != 'D' {
+            write!(f, " is in state {} in {}", self.state, self.wchan)
         } else if self.wchan.is_empty() || self.wchan == "0" {
             write!(f, " is in uninterruptible sleep")
         } else {
@@ -52,6 +77,89 @@ fn is_vfork_wait(wchan: &str) -> bool {
         wchan,
         "kernel_clone" | "_do_fork" | "do_fork" | "wait_for_vfork_done"
     )
+}
+
+/// A task stopped by a signal, or in a ptrace stop: `T`/`t` running, or frozen (every frozen
+/// task reads `D`) in the kernel function that stops it.
+fn is_stopped(state: char, wchan: &str) -> bool {
+    matches!(state, 'T' | 't')
+        || (state == 'D' && matches!(wchan, "do_signal_stop" | "ptrace_stop"))
+}
+
+/// The first task of the container whose init is `init` — every task of its PID namespace,
+/// exec'd processes included, which CRIU's freezer-cgroup seize meets too — that CRIU cannot
+/// checkpoint from a frozen container: one traced by another process, or, when `freezer_v1`, a
+/// stopped one. A container that shares the host's PID namespace is looked at through init's
+/// tree.
+pub fn unsupported_task(init: i32, freezer_v1: bool) -> Option<BlockedTask> {
+    let proc = Path::new("/proc");
+    let pred = |state: char, wchan: &str, tracer: i32| {
+        tracer != 0 || (freezer_v1 && is_stopped(state, wchan))
+    };
+    match namespace_peers(proc, init) {
+        Some(pids) => pids.into_iter().find_map(|pid| look(proc, pid, &pred)),
+        None => find_in_tree(proc, init, |s, w, t| pred(s, w, t)),
+    }
+}
+
+/// Does runc freeze containers with the cgroup v1 freezer here (no unified hierarchy at
+/// `/sys/fs/cgroup`, runc's own test)?
+pub fn freezer_is_v1() -> bool {
+    !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// The pids of `/proc` that share `init`'s PID namespace; `None` when that is the caller's own
+/// (a container without a PID namespace of its own) or cannot be read.
+fn namespace_peers(proc: &Path, init: i32) -> Option<Vec<i32>> {
+    use std::os::unix::fs::MetadataExt;
+    let ns = |pid: &str| std::fs::metadata(proc.join(pid).join("ns/pid")).map(|m| m.ino());
+    let theirs = ns(&init.to_string()).ok()?;
+    if ns("self").ok()? == theirs {
+        return None;
+    }
+    let mut pids: Vec<i32> = std::fs::read_dir(proc)
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| ns(&pid.to_string()).is_ok_and(|n| n == theirs))
+        .collect();
+    pids.sort_unstable();
+    Some(pids)
+}
+
+/// The first thread of process `pid` that `pred(state, wchan, tracer)` accepts.
+fn look(proc: &Path, pid: i32, pred: &impl Fn(char, &str, i32) -> bool) -> Option<BlockedTask> {
+    let threads = std::fs::read_dir(proc.join(pid.to_string()).join("task")).ok()?;
+    threads.flatten().find_map(|t| {
+        let tid = t.file_name().to_str()?.parse::<i32>().ok()?;
+        let task = read_task(&t.path(), tid)?;
+        pred(task.state, &task.wchan, task.tracer).then_some(task)
+    })
+}
+
+/// Task `pid` as `/proc` describes it (its main thread); `None` once it is gone.
+pub(crate) fn task(proc: &Path, pid: i32) -> Option<BlockedTask> {
+    read_task(&proc.join(pid.to_string()), pid)
+}
+
+/// Thread `tid` as its `/proc` directory `dir` describes it; `None` once it is gone.
+fn read_task(dir: &Path, tid: i32) -> Option<BlockedTask> {
+    let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+    let (comm, state) = parse_stat(&stat)?;
+    let wchan = std::fs::read_to_string(dir.join("wchan")).unwrap_or_default();
+    let status = std::fs::read_to_string(dir.join("status")).unwrap_or_default();
+    let tracer = status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Some(BlockedTask {
+        tid,
+        comm: comm.to_string(),
+        wchan: wchan.trim().to_string(),
+        state,
+        tracer,
+    })
 }
 
 /// The first thread of `init` or of its descendants in uninterruptible sleep. Only meaningful
@@ -70,8 +178,20 @@ pub fn vfork_waiter(init: i32) -> Option<BlockedTask> {
 }
 
 /// Walks the threads of `init` and its descendants (through each thread's `children`) for the
-/// first one `pred(state, wchan)` accepts.
+/// first one in `D` that `pred(state, wchan)` accepts.
 fn find(proc: &Path, init: i32, pred: impl Fn(char, &str) -> bool) -> Option<BlockedTask> {
+    find_in_tree(proc, init, |state, wchan, _| {
+        state == 'D' && pred(state, wchan)
+    })
+}
+
+/// Walks the threads of `init` and its descendants (through each thread's `children`) for the
+/// first one `pred(state, wchan, tracer)` accepts.
+fn find_in_tree(
+    proc: &Path,
+    init: i32,
+    pred: impl Fn(char, &str, i32) -> bool,
+) -> Option<BlockedTask> {
     let mut pending = vec![init];
     // A tree that forks faster than the walk reads must not keep it going.
     let mut visited = 0usize;
@@ -88,19 +208,10 @@ fn find(proc: &Path, init: i32, pred: impl Fn(char, &str) -> bool) -> Option<Blo
             let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
                 continue;
             };
-            if let Ok(stat) = std::fs::read_to_string(dir.join("stat"))
-                && let Some((comm, state)) = parse_stat(&stat)
-                && state == 'D'
+            if let Some(task) = read_task(&dir, tid)
+                && pred(task.state, &task.wchan, task.tracer)
             {
-                let wchan = std::fs::read_to_string(dir.join("wchan")).unwrap_or_default();
-                let wchan = wchan.trim();
-                if pred(state, wchan) {
-                    return Some(BlockedTask {
-                        tid,
-                        comm: comm.to_string(),
-                        wchan: wchan.to_string(),
-                    });
-                }
+                return Some(task);
             }
             if let Ok(children) = std::fs::read_to_string(dir.join("children")) {
                 pending.extend(
@@ -233,6 +344,56 @@ mod tests {
         assert!(!dead_or_dying(&stat('S', 0), &term), "SIGTERM is no death");
     }
 
+    #[test]
+    fn a_stopped_child_is_unsupported_only_under_the_v1_freezer() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
+        let pid = child.id() as i32;
+        // SAFETY: kill has no memory effects; pid is our own child, not yet reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let start = std::time::Instant::now();
+        while task_state(pid) != Some('T') {
+            assert!(start.elapsed().as_secs() < 10, "{:?}", task_state(pid));
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let found = unsupported_task(pid, true).expect("a stopped task");
+        assert_eq!((found.tid, found.state, found.tracer), (pid, 'T', 0));
+        assert!(found.is_stopped());
+        assert_eq!(
+            found.to_string(),
+            format!("task {pid} (sleep) is stopped (SIGSTOP, SIGTSTP or job control)")
+        );
+        assert_eq!(unsupported_task(pid, false), None);
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+        while task_state(pid) == Some('T') {
+            assert!(start.elapsed().as_secs() < 10);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(unsupported_task(pid, true), None);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_frozen_stopped_task_is_told_by_its_kernel_function() {
+        assert!(is_stopped('T', "do_signal_stop"));
+        assert!(is_stopped('t', "ptrace_stop"));
+        assert!(is_stopped('D', "do_signal_stop"));
+        assert!(!is_stopped('D', "__refrigerator"));
+        assert!(!is_stopped('S', "do_wait"));
+        let traced = BlockedTask {
+            tid: 3,
+            comm: "sh".into(),
+            wchan: "do_wait".into(),
+            state: 'S',
+            tracer: 77,
+        };
+        assert_eq!(traced.to_string(), "task 3 (sh) is traced by pid 77");
+    }
+
     /// A fake /proc: pid 1 (thread 1) with child 5 (threads 5 and 6); thread 6 has `state6`
     /// and `wchan6`.
     fn fake_proc(state6: char, wchan6: &str) -> tempfile::TempDir {
@@ -259,7 +420,9 @@ mod tests {
             BlockedTask {
                 tid: 6,
                 comm: "w6".into(),
-                wchan: "folio_wait_bit_common".into()
+                wchan: "folio_wait_bit_common".into(),
+                state: 'D',
+                tracer: 0,
             }
         );
         assert!(!found.in_vfork());

@@ -50,7 +50,14 @@ pub struct CheckpointRequest<'a> {
     /// container. Otherwise the checkpoint waits: up to [`VFORK_PATIENCE`] for a vfork to
     /// finish (thawed while it waits), and one retry of a dump that could not seize a task.
     pub yield_to_blocked: bool,
+    /// The longest the container may stay frozen for CRIU's dump (see [`crate::watch`]): past
+    /// it CRIU is ended, the container thawed and [`CheckpointError::Stalled`] returned.
+    pub frozen_limit: std::time::Duration,
 }
+
+/// [`CheckpointRequest::frozen_limit`]'s default: CRIU writes ~250–600 MB/s here, so a dump of
+/// a few GB fits, and a container is never held longer than this for one that cannot finish.
+pub const DEFAULT_FROZEN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Why a checkpoint failed. In every case but [`CheckpointError::End`] no partial checkpoint is
 /// left and the container runs again (unpaused if it was running before), exit mode included.
@@ -80,6 +87,29 @@ pub enum CheckpointError {
         id: String,
         /// The task.
         task: crate::blocked::BlockedTask,
+    },
+    /// A task of the container is one CRIU cannot checkpoint from a frozen container here (see
+    /// [`crate::blocked::unsupported_task`]): found before anything was frozen.
+    #[error("container {id}: {task}: {}", unsupported_why(task))]
+    Unsupported {
+        /// The container.
+        id: String,
+        /// The task.
+        task: crate::blocked::BlockedTask,
+    },
+    /// CRIU did not finish within [`CheckpointRequest::frozen_limit`]: it was ended, and the
+    /// container runs again.
+    #[error(
+        "container {id}: the checkpoint was abandoned after {limit:?} frozen ({stall}); CRIU \
+         was ended and the container thawed"
+    )]
+    Stalled {
+        /// The container.
+        id: String,
+        /// The bound.
+        limit: std::time::Duration,
+        /// What CRIU was waiting on.
+        stall: Box<crate::watch::Stall>,
     },
     /// The container cannot be found or inspected.
     #[error("cannot inspect container {id}")]
@@ -165,6 +195,18 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why CRIU cannot take `task` and what would let it, for [`CheckpointError::Unsupported`].
+fn unsupported_why(task: &crate::blocked::BlockedTask) -> &'static str {
+    if task.tracer != 0 {
+        "CRIU cannot checkpoint a task another process traces, so no checkpoint was taken and \
+         nothing was frozen"
+    } else {
+        "CRIU cannot checkpoint a stopped task from a container frozen by the cgroup v1 freezer \
+         (it would wait in the kernel, the container frozen, until thawed), so no checkpoint was \
+         taken and nothing was frozen; continue the task (SIGCONT) or run on a cgroup v2 host"
+    }
 }
 
 impl CheckpointError {
@@ -262,6 +304,14 @@ pub fn checkpoint_container_with(
         && let Some(task) = crate::blocked::blocked_task(state.pid)
     {
         return Err(CheckpointError::Blocked {
+            id: id.into(),
+            task,
+        });
+    }
+    // A stopped or traced task: refused before anything is frozen, whoever asked.
+    if let Some(task) = crate::blocked::unsupported_task(state.pid, crate::blocked::freezer_is_v1())
+    {
+        return Err(CheckpointError::Unsupported {
             id: id.into(),
             task,
         });
@@ -450,12 +500,25 @@ fn one_instant<'a>(
     let dump_at = Instant::now();
     let criu_dir = pending.criu_dir();
     // Always leave-running: in exit mode the container ends once the checkpoint is stored.
-    if let Err(source) = req
+    let watch = crate::watch::FrozenWatch::arm(
+        id,
+        init,
+        req.frozen_limit.saturating_sub(frozen_at.elapsed()),
+    );
+    let dumped = req
         .runc
-        .checkpoint(id, &criu_dir, &criu_dir, true, &req.criu)
-    {
+        .checkpoint(id, &criu_dir, &criu_dir, true, &req.criu);
+    let stall = watch.disarm();
+    if let Err(source) = dumped {
         if let Some(before) = locks_before {
             release_network_lock(id, init, before);
+        }
+        if let Some(stall) = stall {
+            return Err(CheckpointError::Stalled {
+                id: id.into(),
+                limit: req.frozen_limit,
+                stall: Box::new(stall),
+            });
         }
         let log = CriuLog::read(criu_dir.join("dump.log"));
         // CRIU may not even manage to log ENOSPC when its log shares the full disk.

@@ -13,12 +13,15 @@ pub mod runc;
 pub mod store;
 mod sys;
 pub mod tree;
+mod watch;
 
 pub use checkpoint::{
-    CheckpointError, CheckpointRequest, checkpoint_container, checkpoint_container_with,
+    CheckpointError, CheckpointRequest, DEFAULT_FROZEN_LIMIT, checkpoint_container,
+    checkpoint_container_with,
 };
 pub use restore::{
     RestoreError, RestoreReport, RestoreRequest, mount_rootfs, restore_processes, rootfs_lowers,
     verify,
 };
 pub use store::{Checkpoint, Store, UncapturedExec};
+pub use watch::Stall;

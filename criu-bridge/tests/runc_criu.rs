@@ -37,6 +37,7 @@ fn request<'a>(
         uncaptured_execs: &[],
         criu: CriuOptions::default(),
         yield_to_blocked: false,
+        frozen_limit: criu_bridge::DEFAULT_FROZEN_LIMIT,
     }
 }
 
@@ -430,6 +431,7 @@ fn an_old_criu_is_refused_by_name_before_anything_is_touched() {
         uncaptured_execs: &[],
         criu: CriuOptions::default(),
         yield_to_blocked: false,
+        frozen_limit: criu_bridge::DEFAULT_FROZEN_LIMIT,
     };
     let err = checkpoint_container(&req).unwrap_err();
     assert!(matches!(err, CheckpointError::Criu(_)), "{err}");

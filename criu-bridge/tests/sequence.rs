@@ -127,6 +127,7 @@ fn run(e: &Env, leave_running: bool) -> Result<criu_bridge::Checkpoint, Checkpoi
         uncaptured_execs: &[],
         criu: CriuOptions::default(),
         yield_to_blocked: false,
+        frozen_limit: criu_bridge::DEFAULT_FROZEN_LIMIT,
     })
 }
 
@@ -227,6 +228,7 @@ fn a_stale_parent_is_re_read_so_the_chain_stays_whole() {
         uncaptured_execs: &[],
         criu: CriuOptions::default(),
         yield_to_blocked: false,
+        frozen_limit: criu_bridge::DEFAULT_FROZEN_LIMIT,
     };
     let cp1 = checkpoint_container(&req(None)).unwrap();
     std::fs::write(upper.join("etc/y"), "y").unwrap();

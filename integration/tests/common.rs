@@ -117,7 +117,15 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// Starts a detached container running `args`.
 #[track_caller]
 pub fn run_detached(c: &Containerd, runtime: &str, id: &str, args: &[&str]) {
-    let mut a = vec!["run", "-d", "--runtime", runtime, BUSYBOX, id];
+    run_detached_with(c, runtime, &[], id, args);
+}
+
+/// [`run_detached`] with more `ctr run` flags (annotations, resources) before the image.
+#[track_caller]
+pub fn run_detached_with(c: &Containerd, runtime: &str, flags: &[&str], id: &str, args: &[&str]) {
+    let mut a = vec!["run", "-d", "--runtime", runtime];
+    a.extend_from_slice(flags);
+    a.extend([BUSYBOX, id]);
     a.extend_from_slice(args);
     c.ctr(&a).ok();
 }
@@ -270,4 +278,26 @@ pub fn assert_processes_intact(s: &Sandbox) {
 #[track_caller]
 pub fn status(c: &Containerd, id: &str) -> serde_json::Value {
     serde_json::from_str(&c.belayer(&["status", id]).ok().stdout).expect("status JSON")
+}
+
+/// A scratch directory removed on drop.
+pub struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("belayer-fw-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

@@ -95,28 +95,6 @@ fn spawn_logged(mut cmd: Command, log: &Path) -> Child {
         .expect("spawn driver")
 }
 
-/// A scratch directory removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("belayer-fw-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Self(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn json_lines(text: &str) -> Vec<serde_json::Value> {
     text.lines()
         .filter_map(|l| serde_json::from_str(l).ok())

@@ -22,6 +22,13 @@ pub const KEEP_ANNOTATION: &str = "io.belayer.keep";
 /// How soon an automatic checkpoint skipped for a task that could not be stopped is considered
 /// again.
 const BLOCKED_RETRY: Duration = Duration::from_millis(100);
+/// How long automatic checkpoints of a container wait after one refused for a task CRIU cannot
+/// take (nothing was frozen), and after one abandoned at the frozen bound (the container was
+/// frozen that long: another attempt at the next action would freeze it again). Each one more
+/// in a row doubles the wait, up to [`BACKOFF_MAX`].
+const UNSUPPORTED_BACKOFF: Duration = Duration::from_secs(2);
+const STALLED_BACKOFF: Duration = Duration::from_secs(30);
+const BACKOFF_MAX: Duration = Duration::from_secs(600);
 /// Recoveries in a row from one checkpoint, the first of them under [`CRASH_LOOP_WINDOW_MS`]
 /// ago, after which a death of the init is left alone: the checkpoint itself leads to the crash,
 /// and restoring it again would only repeat it.
@@ -82,6 +89,15 @@ pub struct Skips {
     pub count: u32,
     /// A look again is scheduled.
     pub retry_pending: bool,
+    /// No automatic checkpoint before this (see [`STALLED_BACKOFF`]).
+    pub backoff_until: Option<Instant>,
+}
+
+/// The wait after the `count`-th refused or abandoned checkpoint in a row, from `first`.
+fn backoff(first: Duration, count: u32) -> Duration {
+    first
+        .saturating_mul(1 << count.saturating_sub(1).min(16))
+        .min(BACKOFF_MAX)
 }
 
 /// One automatic recovery.
@@ -167,6 +183,9 @@ impl Inner {
     pub fn consider(self: &Arc<Self>, id: &str) {
         let decision = self.sched().decide(id, self.now());
         match decision {
+            Decision::CheckpointNow | Decision::Force if self.backing_off(id) => {
+                debug!("container {id}: automatic checkpoint backing off");
+            }
             Decision::CheckpointNow | Decision::Force => {
                 let (inner, id) = (self.clone(), id.to_string());
                 tokio::spawn(async move { inner.auto_checkpoint(&id, decision).await });
@@ -187,6 +206,32 @@ impl Inner {
             }
             Decision::Defer { .. } => {}
         }
+    }
+
+    /// Automatic checkpoints of `id` wait after a refused or abandoned one.
+    fn backing_off(&self, id: &str) -> bool {
+        self.skips
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .and_then(|s| s.backoff_until)
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// An automatic checkpoint of `id` was refused (`Unsupported`) or abandoned (`Stalled`):
+    /// the next waits, longer each time in a row.
+    fn back_off(&self, id: &str, first: Duration, why: &str) {
+        let _ = self.sched().on_checkpoint_failed(id);
+        let mut skips = self.skips.lock().unwrap_or_else(|e| e.into_inner());
+        // A container deleted meanwhile was untracked: an entry made now would outlive it.
+        if self.get(id).is_err() {
+            return;
+        }
+        let s = skips.entry(id.to_string()).or_default();
+        s.count += 1;
+        let wait = backoff(first, s.count);
+        s.backoff_until = Some(Instant::now() + wait);
+        warn!("container {id}: automatic checkpoint skipped, none tried for {wait:?}: {why}");
     }
 
     async fn auto_checkpoint(self: &Arc<Self>, id: &str, decision: Decision) {
@@ -225,6 +270,12 @@ impl Inner {
                 if let Err(e) = self.retain(id).await {
                     warn!("container {id}: retention: {e}");
                 }
+            }
+            Err(crate::error::Error::Unsupported(why)) => {
+                self.back_off(id, UNSUPPORTED_BACKOFF, &why);
+            }
+            Err(crate::error::Error::Stalled(why)) => {
+                self.back_off(id, STALLED_BACKOFF, &why);
             }
             Err(crate::error::Error::Blocked(why)) => {
                 // Nothing was kept frozen. Such a wait is short (an exec after a vfork) or ends
@@ -555,6 +606,16 @@ fn crash_loop(recoveries: &[Recovery], checkpoint: u64, now_ms: u64) -> Option<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backoff_doubles_in_a_row_up_to_its_cap() {
+        assert_eq!(backoff(STALLED_BACKOFF, 1), Duration::from_secs(30));
+        assert_eq!(backoff(STALLED_BACKOFF, 2), Duration::from_secs(60));
+        assert_eq!(backoff(STALLED_BACKOFF, 3), Duration::from_secs(120));
+        assert_eq!(backoff(STALLED_BACKOFF, 9), BACKOFF_MAX);
+        assert_eq!(backoff(UNSUPPORTED_BACKOFF, 0), UNSUPPORTED_BACKOFF);
+        assert_eq!(backoff(UNSUPPORTED_BACKOFF, u32::MAX), BACKOFF_MAX);
+    }
 
     fn recovery(checkpoint: u64, at_unix_ms: u64) -> Recovery {
         Recovery {

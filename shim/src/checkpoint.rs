@@ -87,6 +87,8 @@ impl From<CheckpointError> for Error {
                 path.display()
             )),
             e @ CheckpointError::Blocked { .. } => Error::Blocked(e.to_string()),
+            e @ CheckpointError::Unsupported { .. } => Error::Unsupported(e.to_string()),
+            e @ CheckpointError::Stalled { .. } => Error::Stalled(e.to_string()),
             CheckpointError::NotRunning { id, status } => {
                 Error::FailedPrecondition(format!("container {id} is {status}, not running"))
             }
@@ -268,6 +270,7 @@ impl Inner {
             c.bundle.clone(),
         );
         let init_pid = c.init.pid as i32;
+        let frozen_limit = self.settings.frozen_limit();
         let started = Instant::now();
         // An exit-mode checkpoint ends the container on purpose: no recovery brings it back.
         let was_killed = c.killed;
@@ -290,6 +293,7 @@ impl Inner {
                     uncaptured_execs: &uncaptured,
                     criu: CriuOptions::default(),
                     yield_to_blocked,
+                    frozen_limit,
                 },
                 &mut || {
                     if let Some(tx) = thawed_tx.take() {

@@ -24,6 +24,14 @@ pub enum Error {
     /// a later attempt may succeed.
     #[error("{0}")]
     Blocked(String),
+    /// A task of the container is one CRIU cannot checkpoint (stopped under the cgroup v1
+    /// freezer, or traced); nothing was frozen. A checkpoint can be taken once it is not.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A checkpoint kept its container frozen past `frozen_limit_ms` and was abandoned; the
+    /// container runs. An automatic checkpoint backs off.
+    #[error("{0}")]
+    Stalled(String),
     #[error("{0}")]
     Corrupt(String),
     #[error("{0}")]
@@ -69,11 +77,11 @@ impl From<Error> for ttrpc::Error {
             | Error::CheckpointNotFound(_) => (Code::NOT_FOUND, Some("not found")),
             Error::InProgress(_) => (Code::FAILED_PRECONDITION, Some("failed precondition")),
             Error::DiskFull(_) => (Code::RESOURCE_EXHAUSTED, None),
-            Error::Blocked(_) => (Code::UNAVAILABLE, Some("unavailable")),
+            Error::Blocked(_) | Error::Stalled(_) => (Code::UNAVAILABLE, Some("unavailable")),
             Error::Corrupt(_) => (Code::DATA_LOSS, None),
             Error::Checkpoint(_) => (Code::UNKNOWN, None),
             Error::AlreadyExists(_) => (Code::ALREADY_EXISTS, Some("already exists")),
-            Error::FailedPrecondition(_) => {
+            Error::FailedPrecondition(_) | Error::Unsupported(_) => {
                 (Code::FAILED_PRECONDITION, Some("failed precondition"))
             }
             Error::InvalidArgument(_) => (Code::INVALID_ARGUMENT, Some("invalid argument")),
@@ -97,11 +105,12 @@ impl Error {
             | Error::CheckpointNotFound(_) => 404,
             Error::InProgress(_)
             | Error::FailedPrecondition(_)
+            | Error::Unsupported(_)
             | Error::ProcessFinished
             | Error::AlreadyExists(_) => 409,
             Error::Corrupt(_) => 422,
             Error::DiskFull(_) => 507,
-            Error::Blocked(_) => 503,
+            Error::Blocked(_) | Error::Stalled(_) => 503,
             Error::InvalidArgument(_) => 400,
             Error::Unimplemented(_) => 501,
             _ => 500,

@@ -10,6 +10,11 @@ use serde::Deserialize;
 pub const DEFAULT_STORE: &str = "/var/lib/belayer";
 const DEFAULT_CONFIG: &str = "/etc/belayer/config.toml";
 
+/// The bounds of `frozen_limit_ms`: a dump needs some time; a container frozen for minutes is
+/// already lost to its agent.
+const FROZEN_LIMIT_MS_MIN: u64 = 100;
+const FROZEN_LIMIT_MS_MAX: u64 = 600_000;
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
@@ -32,6 +37,10 @@ pub struct Settings {
     /// `auto` (nftables when CRIU and the kernel support it, else CRIU's default), `nftables`,
     /// `iptables` (CRIU's default: several `iptables-restore` runs per restore) or `skip`.
     pub network_lock: String,
+    /// The longest a checkpoint keeps its container frozen for CRIU's dump, in milliseconds:
+    /// past it CRIU is ended and the container thawed (the checkpoint fails, naming the task CRIU
+    /// waited on), whatever CRIU or the kernel is doing.
+    pub frozen_limit_ms: u64,
     /// The checkpoint scheduler's settings (see scheduler/README.md).
     pub scheduler: scheduler::SchedulerConfig,
     /// Bounds on an imported checkpoint (`[import]`).
@@ -49,6 +58,7 @@ impl Default for Settings {
             policy: "rewind".into(),
             lazy_restore: "auto".into(),
             network_lock: "auto".into(),
+            frozen_limit_ms: criu_bridge::DEFAULT_FROZEN_LIMIT.as_millis() as u64,
             scheduler: scheduler::SchedulerConfig::default(),
             import: crate::archive::ImportLimits::default(),
         }
@@ -95,7 +105,19 @@ impl Settings {
                 s.network_lock
             ));
         }
+        if !(FROZEN_LIMIT_MS_MIN..=FROZEN_LIMIT_MS_MAX).contains(&s.frozen_limit_ms) {
+            return Err(format!(
+                "invalid {}: frozen_limit_ms = {}: use {FROZEN_LIMIT_MS_MIN}..={FROZEN_LIMIT_MS_MAX}",
+                path.display(),
+                s.frozen_limit_ms
+            ));
+        }
         Ok(s)
+    }
+
+    /// [`Settings::frozen_limit_ms`] as a duration.
+    pub fn frozen_limit(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.frozen_limit_ms)
     }
 
     /// The action journals.
@@ -135,14 +157,16 @@ mod tests {
                 s.recover,
                 s.policy,
                 s.lazy_restore,
-                s.network_lock
+                s.network_lock,
+                s.frozen_limit_ms
             ),
             (
                 d.checkpoint,
                 d.recover,
                 d.policy,
                 d.lazy_restore,
-                d.network_lock
+                d.network_lock,
+                d.frozen_limit_ms
             )
         );
     }
@@ -166,5 +190,12 @@ mod tests {
                 .unwrap_err()
                 .contains("network_lock")
         );
+        assert!(
+            Settings::parse(Path::new("x"), "frozen_limit_ms = 0")
+                .unwrap_err()
+                .contains("frozen_limit_ms")
+        );
+        let s = Settings::parse(Path::new("x"), "frozen_limit_ms = 1500").unwrap();
+        assert_eq!(s.frozen_limit(), std::time::Duration::from_millis(1500));
     }
 }
