@@ -41,6 +41,13 @@ fn export_import_map_in_process() {
     );
     assert_eq!(r.checksum().unwrap(), m.checksum().unwrap());
     assert!(r.integrity().unwrap().intact);
+    // Read-only where the driver allows it: the content reads the same, writes are refused.
+    let ro = CudaMapping::import_read_only(&dev, r.handle(), r.bytes()).unwrap();
+    eprintln!("cuda: read-only device mapping: {}", ro.read_only());
+    assert_eq!(ro.checksum().unwrap(), m.checksum().unwrap());
+    if ro.read_only() {
+        assert!(ro.fill_u32(0).is_err());
+    }
 }
 
 /// For each size: a writer process fills broker-owned device memory and is SIGKILLed; the broker
@@ -91,8 +98,9 @@ fn data_survives_a_sigkilled_worker_and_import_map_is_timed() {
         let v = r.wait_event("verified", Duration::from_secs(120));
         assert_eq!(v["intact"], true, "{v}");
         eprintln!(
-            "cuda: {gib} GiB kept across SIGKILL; import+map {:.4}s; health check {} us",
+            "cuda: {gib} GiB kept across SIGKILL; import+map {:.4}s (read-only: {}); health check {} us",
             v["import_map_s"].as_f64().unwrap(),
+            v["read_only"],
             st.last_health_us
         );
         assert_eq!(
