@@ -345,10 +345,12 @@ fn a_task_held_in_vfork_is_waited_for_with_the_container_running() {
 
 /// containerd's checkpoint image of container `twin` comes back to a store without its
 /// checkpoints (as on another node): the import brings the whole checkpoint along, and the
-/// restored container is at its instant. Then to a store that holds another checkpoint of that
-/// name and number (after this node's were removed and a new `twin` checkpointed): the restore is
-/// refused, naming the clash, rather than running this store's checkpoint in its place, and the
-/// new `twin` keeps running.
+/// restored container is at its instant. An import lands under the container being created,
+/// whatever the image names: into a store that holds another checkpoint of that name and number
+/// (after this node's were removed and a new `twin` checkpointed), it restores its own checkpoint
+/// and leaves the new `twin`'s alone. Into a container whose own checkpoint of that number is
+/// another one, the restore is refused, naming the clash, rather than running the store's
+/// checkpoint in its place.
 #[test]
 fn a_containerd_checkpoint_imports_where_missing_and_is_refused_where_it_clashes() {
     let c = Containerd::start(Flavor::V2);
@@ -367,14 +369,8 @@ fn a_containerd_checkpoint_imports_where_missing_and_is_refused_where_it_clashes
     let chain = c.checkpoints_dir("twin");
     std::fs::remove_dir_all(&chain).expect("remove twin's checkpoints");
 
-    c.ctr(&[
-        "containers",
-        "restore",
-        "--live",
-        "twin-copy",
-        "belayer.local/twin:1",
-    ])
-    .ok();
+    let restore = |id: &str, image: &str| c.ctr(&["containers", "restore", "--live", id, image]);
+    restore("twin-copy", "belayer.local/twin:1").ok();
     assert_eq!(task_status(&c, "twin-copy"), "RUNNING");
     let copy = Sandbox::attach(&c, "twin-copy");
     assert_eq!(copy.exec("cat /which", None).stdout, "first\n");
@@ -384,30 +380,50 @@ fn a_containerd_checkpoint_imports_where_missing_and_is_refused_where_it_clashes
         episode::is_contiguous(&numbers),
         "the imported checkpoint's counter is not 1..N"
     );
+    assert!(
+        !chain.exists(),
+        "the import landed under the name it carries"
+    );
     remove(&c, "twin-copy");
-    std::fs::remove_dir_all(&chain).expect("remove the imported checkpoints");
+    std::fs::remove_dir_all(c.checkpoints_dir("twin-copy"))
+        .expect("remove the imported checkpoints");
 
     run_detached(&c, BELAYER, "twin", &["sh", "-c", COUNTER]);
     assert_eq!(twin().exec("echo second > /which", None).code, 0);
     let cp = checkpoint(&c, "twin");
     let pid = task_pid(&c, "twin");
-    let out = c.ctr(&[
+    restore("twin-copy2", "belayer.local/twin:1").ok();
+    assert_eq!(
+        Sandbox::attach(&c, "twin-copy2")
+            .exec("cat /which", None)
+            .stdout,
+        "first\n",
+        "the import did not restore its own checkpoint"
+    );
+    assert_untouched(&c, "twin", &pid);
+    assert_eq!(c.belayer(&["checkpoints", "twin"]).stdout.trim(), cp);
+    remove(&c, "twin-copy2");
+
+    // twin-copy2's checkpoint 1 (the first twin's) stays in the store; an image of the new twin
+    // holds another checkpoint 1.
+    c.ctr(&[
         "containers",
-        "restore",
-        "--live",
-        "twin-copy2",
-        "belayer.local/twin:1",
-    ]);
+        "checkpoint",
+        "--task",
+        "twin",
+        "belayer.local/twin:2",
+    ])
+    .ok();
+    let out = restore("twin-copy2", "belayer.local/twin:2");
     assert_ne!(out.code, 0, "a clashing checkpoint was restored: {out:?}");
     assert!(
         out.stderr
-            .contains(&format!("checkpoint {cp} of {}/twin", c.ns))
+            .contains(&format!("checkpoint {cp} of {}/twin-copy2", c.ns))
             && out.stderr.contains("is not the one in this node's store"),
         "the error does not name the clash: {:?}",
         out.stderr
     );
     assert_ne!(task_status(&c, "twin-copy2"), "RUNNING");
-    assert_untouched(&c, "twin", &pid);
     let _ = c.ctr(&["tasks", "rm", "twin-copy2"]);
     let _ = c.ctr(&["containers", "rm", "twin-copy2"]);
     // The store's own checkpoint still restores, with its own filesystem.

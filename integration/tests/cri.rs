@@ -12,6 +12,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use belayer_integration::episode::{Sandbox, is_contiguous};
@@ -129,11 +130,23 @@ impl Cri {
     /// returns the id.
     fn run_container(
         &mut self,
-        (pod, pod_name): (&str, &str),
+        pod: (&str, &str),
         name: &str,
         image: &str,
         command: &[&str],
     ) -> String {
+        self.try_run_container(pod, name, image, command)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Cri::run_container`], its failure as the step and CRI's message.
+    fn try_run_container(
+        &mut self,
+        (pod, pod_name): (&str, &str),
+        name: &str,
+        image: &str,
+        command: &[&str],
+    ) -> Result<String, String> {
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: pod.into(),
             config: Some(cri::ContainerConfig {
@@ -159,14 +172,14 @@ impl Cri {
         };
         let id = self
             .call(|mut c| async move { c.create_container(req).await })
-            .unwrap_or_else(|e| panic!("CreateContainer {name} from {image}: {e}"))
+            .map_err(|e| format!("CreateContainer {name} from {image}: {e}"))?
             .container_id;
         let req = cri::StartContainerRequest {
             container_id: id.clone(),
         };
         self.call(|mut c| async move { c.start_container(req).await })
-            .unwrap_or_else(|e| panic!("StartContainer {name}: {e}"));
-        id
+            .map_err(|e| format!("StartContainer {name}: {e}"))?;
+        Ok(id)
     }
 
     /// Kubernetes' restore: container `restored` created in `pod` from the checkpoint archive
@@ -257,20 +270,26 @@ fn served_busybox(c: &Containerd) -> (Registry, String) {
     (registry, image)
 }
 
-#[test]
-fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
-    let c = Containerd::start_cri();
-    let mut cri = Cri::connect(&c);
+/// A CRI client of `c`, pod `pod_name` on the Belayer handler and the registry serving its
+/// busybox, and the id of container `sandbox` running the counter loop in it.
+fn counter_pod(c: &Containerd, pod_name: &str) -> (Cri, String, Registry, String) {
+    let mut cri = Cri::connect(c);
     cri.wait_ready();
-    let pod = cri.run_pod("agent-pod", "belayer");
-
-    let (registry, image) = served_busybox(&c);
+    let pod = cri.run_pod(pod_name, "belayer");
+    let (registry, image) = served_busybox(c);
     let id = cri.run_container(
-        (&pod, "agent-pod"),
+        (&pod, pod_name),
         "sandbox",
         &image,
         &["sh", "-c", COUNTER_LOOP],
     );
+    (cri, pod, registry, id)
+}
+
+#[test]
+fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
+    let c = Containerd::start_cri();
+    let (mut cri, pod, registry, id) = counter_pod(&c, "agent-pod");
     assert_eq!(
         cri.container_state(&id),
         cri::ContainerState::ContainerRunning as i32
@@ -446,4 +465,132 @@ fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
         c.shim_pids()
     );
     let _ = c.belayer(&["rm", &restored, &cp]);
+}
+
+/// Runs `tar` with `args`, panicking with its stderr on failure.
+fn tar(args: &[&str]) {
+    let out = std::process::Command::new("tar")
+        .args(args)
+        .output()
+        .expect("run tar");
+    assert!(
+        out.status.success(),
+        "tar {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A copy of the CRI checkpoint archive `archive` whose Belayer chain has every manifest edited
+/// by `edit`: what an archive's author can write.
+fn forge(archive: &std::path::Path, name: &str, edit: &dyn Fn(&mut serde_json::Value)) -> PathBuf {
+    let base = archive.with_file_name(format!("forge-{name}"));
+    let (outer, inner) = (base.join("archive"), base.join("chain"));
+    std::fs::create_dir_all(&outer).unwrap();
+    std::fs::create_dir_all(&inner).unwrap();
+    let s = |p: &std::path::Path| p.display().to_string();
+    const KEEP: [&str; 4] = [
+        "--xattrs",
+        "--xattrs-include=*",
+        "--numeric-owner",
+        "--sparse",
+    ];
+    tar(&[
+        "--extract",
+        "--file",
+        &s(archive),
+        "--directory",
+        &s(&outer),
+    ]);
+    let chain = outer.join("checkpoint/belayer-chain.tar");
+    let mut args = vec!["--extract", "--same-owner", "--preserve-permissions"];
+    args.extend(KEEP);
+    let (chain_s, inner_s) = (s(&chain), s(&inner));
+    args.extend(["--file", &chain_s, "--directory", &inner_s]);
+    tar(&args);
+    let mut edited = 0;
+    let mut stack = vec![inner.clone()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if e.file_type().unwrap().is_dir() {
+                stack.push(p);
+            } else if e.file_name() == "manifest.json" {
+                let mut m: serde_json::Value =
+                    serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+                edit(&mut m);
+                // The format version stays the first key, as readers check it first.
+                let version = m["format_version"].take();
+                m.as_object_mut().unwrap().remove("format_version");
+                let rest = serde_json::to_string(&m).unwrap();
+                let text = format!("{{\"format_version\":{version},{}", &rest[1..]);
+                std::fs::write(&p, text).unwrap();
+                edited += 1;
+            }
+        }
+    }
+    assert!(edited > 0, "no manifest in {}", chain.display());
+    let mut args = vec!["--create", "--format=posix"];
+    args.extend(KEEP);
+    args.extend(["--file", &chain_s, "--directory", &inner_s, "checkpoints"]);
+    tar(&args);
+    let forged = base.with_extension("tar");
+    tar(&[
+        "--create",
+        "--file",
+        &s(&forged),
+        "--directory",
+        &s(&outer),
+        ".",
+    ]);
+    forged
+}
+
+/// Kubernetes' restore of forged checkpoint archives (a real CRI archive whose Belayer chain was
+/// edited), through CRI and the shim's import: a manifest whose `criu_dir` is absolute (a
+/// stand-in for /etc/cron.d) is refused and nothing is written there; one whose image lower dirs
+/// name a host dir restores on the new container's own image snapshot, and the host dir's files
+/// never show in it. Both fail on the old code.
+#[test]
+fn forged_cri_archives_reach_nothing_outside_their_checkpoint() {
+    let c = Containerd::start_cri();
+    let (mut cri, pod, _registry, id) = counter_pod(&c, "forged-pod");
+    let archive = c.dir.join("cri-checkpoint.tar");
+    cri.checkpoint(&id, &archive);
+    // As on another node: the archive brings the checkpoints.
+    std::fs::remove_dir_all(c.checkpoints_dir(&id)).expect("remove the source's checkpoints");
+
+    let cron = c.dir.join("cron.d");
+    let path = cron.display().to_string();
+    let forged = forge(&archive, "criu-dir", &|m| {
+        m["criu_dir"] = path.clone().into()
+    });
+    let e = cri
+        .try_run_container(
+            (&pod, "forged-pod"),
+            "forged",
+            &forged.display().to_string(),
+            &[],
+        )
+        .expect_err("a checkpoint with an absolute criu_dir was restored");
+    assert!(e.contains("criu_dir") && e.contains("is absolute"), "{e}");
+    assert!(!cron.exists(), "the import wrote outside the store");
+
+    let host = c.dir.join("host-dir");
+    std::fs::create_dir_all(&host).unwrap();
+    std::fs::write(host.join("from-host"), "secret").unwrap();
+    let lowers = serde_json::json!([host.display().to_string()]);
+    let forged = forge(&archive, "lowers", &|m| m["image_lowers"] = lowers.clone());
+    let restored = cri.restore_from((&pod, "forged-pod"), &forged);
+    let r = Sandbox::attach(&c, &restored);
+    assert_eq!(
+        r.exec(
+            "test -e /from-host && echo host || echo image; test -x /bin/busybox && echo ok",
+            None
+        )
+        .stdout,
+        "image\nok\n",
+        "the restored container does not stand on its own image"
+    );
+    assert_counter_goes_on(&r, "the counter restored from the forged archive");
+    cri.remove_pod(&pod);
 }
