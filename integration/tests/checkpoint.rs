@@ -322,7 +322,43 @@ fn journal_rewind_and_replay() {
     assert_eq!(p["mismatches"], serde_json::json!([]), "{status}");
     // The replayed actions ran again, in order, on the restored state.
     assert_eq!(s.exec("cat /log", None).stdout, "one\ntwo\nthree\n");
+    assert_root_only(&c, "replay", &cp);
     remove(&c, "replay");
+}
+
+/// The store is root-only at rest, as the shim made it: a user (nobody) reaches neither the
+/// store, the journal of `id`'s execs (their environments), its restored upper (where a setuid
+/// binary could be) nor its checkpoint `cp`, even with every dir above the store open.
+fn assert_root_only(c: &Containerd, id: &str, cp: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let above = c.store.parent().expect("the store's parent");
+    std::fs::set_permissions(above, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mode = std::fs::metadata(&c.store).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "the store root is {mode:o}");
+    let journal = c.store.join("journal").join(&c.ns);
+    let uppers = c.store.join("uppers").join(&c.ns).join(id);
+    let paths = [
+        c.store.clone(),
+        journal.clone(),
+        journal.join(format!("{id}.jsonl")),
+        uppers.clone(),
+        c.checkpoints_dir(id).join(cp).join("manifest.json"),
+    ];
+    for p in paths {
+        let out = std::process::Command::new("ls")
+            .arg(&p)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains("Permission denied"),
+            "nobody reaches {}: {err}",
+            p.display()
+        );
+    }
 }
 
 /// Starts the episode's 256 MB holder in `s`, checkpoints it, and restores it lazily until the
