@@ -14,8 +14,9 @@ pub struct Limits {
     /// Requests served at once; more are answered 503 with Retry-After.
     #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent: u32,
-    /// Time a client has to send a request's headers before its connection is closed.
-    #[arg(long, value_name = "MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Time a client has to send a request's headers before its connection is closed; also how
+    /// long an idle keep-alive connection stays open.
+    #[arg(long, value_name = "MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub header_timeout_ms: u64,
     /// Containers the gateway keeps hint state (a sender task) for; the longest idle is let go
     /// to make room, and any idle for 10 minutes.
@@ -32,7 +33,7 @@ impl Default for Limits {
         Self {
             max_body: 32 << 20,
             max_concurrent: 256,
-            header_timeout_ms: 10_000,
+            header_timeout_ms: 30_000,
             max_containers: 1024,
             allow_remote: false,
         }
