@@ -438,6 +438,19 @@ mod tests {
     }
 
     #[test]
+    fn limits_are_configurable_and_checked_by_name() {
+        let l: ImportLimits = toml::from_str("max_files = 5").unwrap();
+        assert_eq!(
+            l,
+            ImportLimits {
+                max_files: 5,
+                ..Default::default()
+            }
+        );
+        assert!(toml::from_str::<ImportLimits>("max_file = 5").is_err());
+    }
+
+    #[test]
     fn numbers_are_octal_or_base_256() {
         assert_eq!(number(b"00000001750\0"), Some(1000));
         let mut big = [0u8; 12];

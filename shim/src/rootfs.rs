@@ -175,6 +175,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_snapshot_lowers_are_containerd_s_overlay_lowerdirs() {
+        let mount = |type_: &str, options: &[&str]| Mount {
+            type_: type_.into(),
+            options: options.iter().map(|o| o.to_string()).collect(),
+            ..Default::default()
+        };
+        let overlay = mount(
+            "overlay",
+            &[
+                "index=off",
+                "workdir=/s/9/work",
+                "upperdir=/s/9/fs",
+                "lowerdir=/s/2/fs:/s/1/fs",
+            ],
+        );
+        assert_eq!(
+            snapshot_lowers(&[overlay], Path::new("/nowhere")),
+            Some(vec![PathBuf::from("/s/2/fs"), PathBuf::from("/s/1/fs")])
+        );
+        let bind = mount("bind", &["rbind", "rw"]);
+        assert_eq!(snapshot_lowers(&[bind], Path::new("/nowhere")), None);
+        assert_eq!(snapshot_lowers(&[], Path::new("/nowhere")), None);
+    }
+
+    #[test]
     fn finds_the_topmost_overlay() {
         let info = "\
 36 25 0:32 / /run/b/rootfs rw,relatime shared:1 - overlay overlay rw,lowerdir=/s/2/fs:/s/1/fs,upperdir=/s/3/fs,workdir=/s/3/work
