@@ -407,6 +407,19 @@ fn gateway_bounds_bodies_requests_and_header_time() {
         );
     }
     assert!(up.seen.lock().unwrap().is_empty());
+    // A chunked body (no length to refuse up front) is cut where it passes the bound.
+    let mut raw = TcpStream::connect(gw.addr).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req =
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for _ in 0..4 {
+        req.extend_from_slice(format!("200\r\n{}\r\n", "y".repeat(512)).as_bytes());
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    raw.write_all(&req).unwrap();
+    let mut status = String::new();
+    BufReader::new(raw).read_line(&mut status).unwrap();
+    assert!(status.starts_with("HTTP/1.1 413 "), "{status:?}");
 
     // One request in flight at most: a second is refused with 503 while the first streams.
     let addr = gw.addr;
