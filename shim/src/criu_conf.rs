@@ -211,8 +211,9 @@ mod tests {
 
     #[test]
     fn apply_points_the_spec_at_the_file_and_keeps_a_users_choice() {
-        let dir = std::env::temp_dir().join(format!("belayer-criu-conf-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        // A private directory with a random name, not a predictable one in /tmp.
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
         let operator = dir.join("runc.conf");
         std::fs::write(&operator, "tcp-close\n").unwrap();
         std::fs::write(dir.join("config.json"), r#"{"ociVersion":"1.0.2"}"#).unwrap();
@@ -269,6 +270,6 @@ mod tests {
             std::fs::read_to_string(dir.join("config.json")).unwrap(),
             own
         );
-        std::fs::remove_dir_all(&dir).unwrap();
+        drop(tmp);
     }
 }
