@@ -69,7 +69,10 @@ pub fn verify(store: &Store, cp: &Checkpoint, level: VerifyLevel) -> Result<(), 
     })
 }
 
-/// The lower dirs of `cp`'s rootfs: its fs chain newest first, then the image lowers.
+/// The lower dirs of `cp`'s rootfs: its fs chain newest first (each member loaded, so confined
+/// to its checkpoint dir), then the image lowers: written by this store, or for an imported
+/// checkpoint those of the importing container's image snapshot ([`Store::claim`]), never ones
+/// an archive named.
 pub fn rootfs_lowers(store: &Store, cp: &Checkpoint) -> Result<Vec<PathBuf>, RestoreError> {
     let m = &cp.manifest;
     let mut lowers = Vec::with_capacity(m.fs_chain.len() + m.image_lowers.len());

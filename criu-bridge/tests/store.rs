@@ -953,3 +953,26 @@ fn the_store_is_root_only_at_rest() {
     let open = common::reachable_by_nobody(&paths);
     assert!(open.is_empty(), "a user reaches under the store: {open:#?}");
 }
+
+/// An image lower dir inside the store that is not a checkpoint's fs layer (another container's
+/// upper, a checkpoint's CRIU images) or a symlink is refused when the checkpoint is verified.
+#[test]
+fn image_lowers_in_the_store_are_only_checkpoint_layers() {
+    let e = env();
+    sh(&e.merged, "echo 1 > a");
+    let cp = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
+    let upper = e.store.root().join("uppers/default/other/g1/upper");
+    fs::create_dir_all(&upper).unwrap();
+    let link = e._tmp.path().join("link-to-lower");
+    std::os::unix::fs::symlink(&e.lower, &link).unwrap();
+    for bad in [upper, cp.criu_dir(), link] {
+        forge(&cp, |m| m.image_lowers = vec![bad.clone()]);
+        let cp = e.store.load("default", "c1", 1).unwrap();
+        let err = verify_checkpoint(&e.store, &cp, VerifyLevel::Sizes).unwrap_err();
+        assert!(
+            matches!(&err, VerifyError::ForeignImageLower(l) if *l == bad),
+            "{}: {err}",
+            bad.display()
+        );
+    }
+}

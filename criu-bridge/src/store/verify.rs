@@ -86,6 +86,10 @@ pub enum VerifyError {
     /// The image lower dirs are gone.
     #[error("image lower dir {0} is missing")]
     MissingImageLower(PathBuf),
+    /// An image lower dir that no checkpoint may stack on: relative, a symlink, or a dir of this
+    /// store other than a checkpoint's fs layer (an upper, CRIU images, the store itself).
+    #[error("image lower dir {0} is not an image layer or a checkpoint's fs layer")]
+    ForeignImageLower(PathBuf),
 }
 
 /// Verifies one checkpoint dir against its manifest.
@@ -303,7 +307,8 @@ fn kind_of(m: &std::fs::Metadata) -> char {
 
 /// Verifies a checkpoint and every checkpoint of its fs chain, and that the image lowers exist;
 /// an image lower that is another checkpoint's layer in this store (a fork stacks on the chain
-/// it was forked from) is verified as that checkpoint's layer.
+/// it was forked from) is verified as that checkpoint's layer, and one that is another dir of
+/// the store, a symlink or a relative path is refused.
 pub fn verify_checkpoint(
     store: &Store,
     cp: &Checkpoint,
@@ -318,7 +323,12 @@ pub fn verify_checkpoint(
         if !l.is_dir() {
             return Err(VerifyError::MissingImageLower(l.clone()));
         }
-        if let Some((namespace, container, seq)) = store.layer_owner(l) {
+        let symlink = std::fs::symlink_metadata(l).is_ok_and(|m| m.file_type().is_symlink());
+        let owner = store.layer_owner(l);
+        if l.is_relative() || symlink || (owner.is_none() && l.starts_with(store.root())) {
+            return Err(VerifyError::ForeignImageLower(l.clone()));
+        }
+        if let Some((namespace, container, seq)) = owner {
             verify_layer_of(store, &namespace, &container, seq, level)?;
         }
     }
