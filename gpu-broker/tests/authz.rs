@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use gpu_broker::client::{Client, ClientError};
+use gpu_broker::mapping::Mapping;
 use gpu_broker::seqpacket::Conn;
 use gpu_broker::wire::{ErrorCode, RegionKind, Role};
 
@@ -20,6 +22,7 @@ const NOBODY: u32 = 65534;
 const PAGE: u64 = 4096;
 const PEER_SOCK: &str = "BELAYER_TEST_PEER_SOCK";
 const PEER_ROLE: &str = "BELAYER_TEST_PEER_ROLE";
+const PEER_WEIGHTS: &str = "BELAYER_TEST_PEER_WEIGHTS";
 
 /// Not a test of its own: the body of the child process [`connect_as_nobody`] starts (this
 /// binary, re-run as `nobody` with only this test selected). Prints how its connection went.
@@ -34,6 +37,7 @@ fn peer_child() {
     };
     let outcome = match Client::connect(Path::new(&sock), role, 0) {
         Ok(c) => match c.status() {
+            Ok(_) if std::env::var_os(PEER_WEIGHTS).is_some() => try_writing_weights(&c),
             Ok(_) => "served".to_string(),
             Err(e) => format!("{e:?}"),
         },
@@ -42,9 +46,30 @@ fn peer_child() {
     println!("PEER-OUTCOME {outcome}");
 }
 
+/// The child's attempts to write the published weights through the fd its manifest carried: a
+/// writable shared mapping, and reopening the fd writable through /proc.
+fn try_writing_weights(c: &Client) -> String {
+    let regions = c.manifest().unwrap();
+    let Some(w) = regions.iter().find(|r| r.info.kind == RegionKind::Weights) else {
+        return "no weights".into();
+    };
+    let map = Mapping::new(&w.fd, w.info.bytes as usize, true).map(drop);
+    let reopen = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/self/fd/{}", w.fd.as_raw_fd()))
+        .map(drop)
+        .map_err(|e| e.kind());
+    format!("writable map: {map:?}; reopened writable: {reopen:?}")
+}
+
 /// Connects to `sock` from a child process running as `nobody`; returns what it printed.
 fn connect_as_nobody(sock: &Path, role: &str) -> String {
+    connect_as_nobody_with(sock, role, &[])
+}
+
+fn connect_as_nobody_with(sock: &Path, role: &str, env: &[(&str, &str)]) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
+        .envs(env.iter().copied())
         .args([
             "peer_child",
             "--exact",
@@ -276,4 +301,44 @@ fn running_out_of_fds_does_not_spin_the_poll_loop() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn a_peer_that_is_not_the_holder_cannot_write_unsealed_weights() {
+    let d = Dir::new("authz-weights");
+    let _b = Broker::start(
+        &d.0,
+        &[
+            "--no-seal-weights",
+            "--socket-group",
+            "65534",
+            "--allow-uid",
+            "65534",
+        ],
+        0o022,
+        None,
+    );
+    let p = Client::connect(&sock(&d.0), Role::Primary, 0).unwrap();
+    p.acquire(PAGE, 1).unwrap();
+    let r = p.alloc_weights(1, PAGE).unwrap();
+    Mapping::new(&r.fd, PAGE as usize, true)
+        .unwrap()
+        .bytes_mut()[0] = 7;
+    let sum =
+        gpu_broker::checksum::checksum(Mapping::new(&r.fd, PAGE as usize, false).unwrap().bytes());
+    p.publish(1, sum, Vec::new()).unwrap();
+    // The holder keeps a writable handle (unsealed weights: a buggy worker can still scribble,
+    // and the takeover checksum catches it).
+    let mine = p.manifest().unwrap();
+    let w = mine
+        .iter()
+        .find(|r| r.info.kind == RegionKind::Weights)
+        .unwrap();
+    assert!(Mapping::new(&w.fd, PAGE as usize, true).is_ok());
+    // An observer of another uid gets a read-only fd it cannot map or reopen writable.
+    let out = connect_as_nobody_with(&sock(&d.0), "observer", &[(PEER_WEIGHTS, "1")]);
+    assert_eq!(
+        out, "writable map: Err(EACCES); reopened writable: Err(PermissionDenied)",
+        "{out}"
+    );
 }

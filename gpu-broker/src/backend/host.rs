@@ -5,7 +5,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::fcntl::{FcntlArg, SealFlag, fcntl};
 use nix::sys::memfd::{MemFdCreateFlag, memfd_create};
-use nix::sys::stat::fstat;
+use nix::sys::stat::{Mode, fchmod, fstat};
 use nix::unistd::ftruncate;
 
 use super::{Backend, BackendError, Integrity, Region};
@@ -56,6 +56,9 @@ impl HostRegion {
             source: nix::errno::Errno::EINVAL,
         })?;
         ftruncate(&fd, len).map_err(sys("ftruncate"))?;
+        // A memfd's inode is 0777: anyone holding even a read-only fd could reopen it writable
+        // through /proc/self/fd. Owner-only, a peer of another uid cannot.
+        fchmod(fd.as_raw_fd(), Mode::from_bits_truncate(0o600)).map_err(sys("fchmod"))?;
         let st = fstat(fd.as_raw_fd()).map_err(sys("fstat"))?;
         Ok(Self {
             fd,
@@ -77,6 +80,19 @@ impl Region for HostRegion {
 
     fn handle(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    fn read_only_handle(&self) -> Result<Option<OwnedFd>, BackendError> {
+        // A new open file description of the same memfd, opened read-only: a writable shared
+        // mapping and write(2) through it fail.
+        let f =
+            std::fs::File::open(format!("/proc/self/fd/{}", self.fd.as_raw_fd())).map_err(|e| {
+                BackendError::Sys {
+                    step: "reopen the region read-only",
+                    source: nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+                }
+            })?;
+        Ok(Some(f.into()))
     }
 
     fn seal(&mut self, write: bool) -> Result<(), BackendError> {

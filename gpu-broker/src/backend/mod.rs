@@ -1,6 +1,6 @@
 //! Memory backends behind one trait: host memory (memfd) everywhere, CUDA VMM with `cuda`.
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 
 use thiserror::Error;
 
@@ -60,6 +60,12 @@ pub trait Region: Send {
     fn bytes(&self) -> u64;
     /// The shareable handle, sent to workers with `SCM_RIGHTS`.
     fn handle(&self) -> BorrowedFd<'_>;
+    /// A new handle to the region that only allows reading, for peers that must not write
+    /// (observers, waiting shadows); `None` where the backend has none (CUDA: a POSIX-fd handle
+    /// carries no access mode).
+    fn read_only_handle(&self) -> Result<Option<OwnedFd>, BackendError> {
+        Ok(None)
+    }
     /// Fixes the size; with `write`, also forbids writes from anyone (weights after publication).
     fn seal(&mut self, write: bool) -> Result<(), BackendError>;
     /// Checks that metadata and handle are intact (owner health check).

@@ -132,6 +132,9 @@ struct Zombie {
 
 struct Weights {
     region: Box<dyn Region>,
+    /// A read-only handle (once published, where the backend has one), for every peer but the
+    /// lease holder.
+    read_only: Option<std::os::fd::OwnedFd>,
     version: u64,
     checksum: u64,
     published: bool,

@@ -1,7 +1,7 @@
 //! Region handlers: the manifest, the KV arena's creation, and the weights' cold path
 //! (allocate, publish with checksum verification and seals).
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::time::Instant;
 
 use super::handlers::err;
@@ -19,6 +19,7 @@ impl Broker {
     fn region_infos(&self, peer: u32) -> (Vec<RegionInfo>, Vec<BorrowedFd<'_>>) {
         let mut infos = Vec::new();
         let mut fds = Vec::new();
+        let holder = self.lease.as_ref().is_some_and(|l| l.peer == peer);
         if let Some(w) = &self.weights
             && w.published
             && self.weights_ok
@@ -32,9 +33,11 @@ impl Broker {
                 page_bytes: 0,
                 meta: w.meta.clone(),
             });
-            fds.push(w.region.handle());
+            fds.push(match &w.read_only {
+                Some(ro) if !holder => ro.as_fd(),
+                _ => w.region.handle(),
+            });
         }
-        let holder = self.lease.as_ref().is_some_and(|l| l.peer == peer);
         if let Some(k) = &self.kv
             && holder
         {
@@ -149,6 +152,7 @@ impl Broker {
                 tracing::info!(peer, version, bytes, "weights region allocated (cold load)");
                 self.weights = Some(Weights {
                     region,
+                    read_only: None,
                     version,
                     checksum: 0,
                     published: false,
@@ -201,6 +205,10 @@ impl Broker {
                 match w.region.checksum() {
                     Ok(c) if c == checksum => match w.region.seal(seal) {
                         Ok(()) => {
+                            w.read_only = w.region.read_only_handle().unwrap_or_else(|e| {
+                                tracing::warn!(error = %e, "no read-only handle: peers get the region's own");
+                                None
+                            });
                             w.checksum = c;
                             w.published = true;
                             w.meta = meta;

@@ -1,7 +1,7 @@
 //! Roles are enforced by the broker: an observer (or a waiting shadow) never gets a handle to the
 //! KV arena and cannot fence; only a peer of an operator uid may say hello as an operator.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::{
     Broker, PAGE, acquire, add_peer, broker, connect, grant_epoch, granted_with_shadow_waiting,
@@ -108,4 +108,50 @@ fn only_operator_uids_may_say_hello_as_an_operator() {
     hello(&mut b, peer, Role::Operator).unwrap();
     assert!(matches!(w.recv(), Ok((Msg::HelloOk { .. }, _))));
     assert!(matches!(w.recv(), Err(SocketError::WouldBlock)));
+}
+
+#[test]
+fn only_the_holder_gets_a_writable_handle_to_unsealed_weights() {
+    let mut b = broker(1 << 20);
+    b.cfg.seal_weights = false;
+    let (p, pw) = connect(&mut b, Role::Primary, None);
+    acquire(&mut b, p, PAGE, 1).unwrap();
+    let epoch = grant_epoch(&pw);
+    let alloc = Msg::AllocWeights {
+        epoch,
+        version: 1,
+        bytes: PAGE,
+    };
+    b.handle(p, alloc).unwrap();
+    assert!(matches!(pw.recv(), Ok((Msg::Manifest { .. }, _))));
+    let checksum = crate::checksum::checksum(&[0u8; PAGE as usize]);
+    let publish = Msg::Publish {
+        epoch,
+        version: 1,
+        checksum,
+        meta: Vec::new(),
+    };
+    b.handle(p, publish).unwrap();
+    assert!(matches!(pw.recv(), Ok((Msg::Ok { .. }, _))));
+    let weights = |regions: Vec<(RegionInfo, OwnedFd)>| {
+        regions
+            .into_iter()
+            .find(|(i, _)| i.kind == RegionKind::Weights)
+            .unwrap()
+            .1
+    };
+    let held = weights(manifest(&mut b, p, &pw));
+    assert!(Mapping::new(&held, PAGE as usize, true).is_ok());
+    let (o, ow) = connect(&mut b, Role::Observer, None);
+    let seen = weights(manifest(&mut b, o, &ow));
+    assert_eq!(
+        Mapping::new(&seen, PAGE as usize, true).err(),
+        Some(nix::errno::Errno::EACCES)
+    );
+    assert!(Mapping::new(&seen, PAGE as usize, false).is_ok());
+    let mode = nix::sys::stat::fstat(seen.as_raw_fd()).unwrap().st_mode & 0o777;
+    assert_eq!(
+        mode, 0o600,
+        "a memfd of mode {mode:o} can be reopened writable by anyone"
+    );
 }
