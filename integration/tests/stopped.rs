@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use belayer_integration::{Containerd, Flavor};
@@ -163,37 +162,13 @@ fn a_stopped_task_is_checkpointed_and_restored_stopped_on_cgroup_v2() {
 /// checkpoint goes through, and a kill ends the container.
 #[test]
 fn a_checkpoint_frozen_past_its_bound_is_abandoned_and_the_container_thaws() {
-    let scratch = Scratch::new("frozen-bound");
-    let dir = scratch.path();
-    let limit = Duration::from_millis(2000);
-    let config = dir.join("belayer.toml");
-    std::fs::write(
-        &config,
-        format!("frozen_limit_ms = {}\n", limit.as_millis()),
-    )
-    .unwrap();
-    let hold = dir.join("hold");
-    let script = dir.join("hold-pre-dump.sh");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] && [ -e {} ] && exec sleep 600\nexit 0\n",
-            hold.display()
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let criu_conf = dir.join("criu.conf");
-    std::fs::write(&criu_conf, format!("action-script {}\n", script.display())).unwrap();
-    std::fs::write(&hold, "").unwrap();
-
-    let c = Containerd::start_configured(Flavor::V2, None, Some(config));
-    let annotation = format!("org.criu.config={}", criu_conf.display());
+    let held = HeldDump::new("frozen-bound");
+    let limit = held.limit;
+    let c = Containerd::start_configured(Flavor::V2, None, Some(held.config.clone()));
     run_detached_with(
         &c,
         BELAYER,
-        &["--annotation", &annotation],
+        &["--annotation", &held.annotation],
         "h1",
         &["sh", "-c", COUNTER],
     );
@@ -232,10 +207,10 @@ fn a_checkpoint_frozen_past_its_bound_is_abandoned_and_the_container_thaws() {
     std::thread::sleep(Duration::from_millis(300));
     assert_ne!(counter(&c), before, "the container is still frozen");
     exec_echo(&c, "h1", "after");
-    let script_name = script.display().to_string();
+    let script_name = held.script.display().to_string();
     assert!(
         wait_until(Duration::from_secs(5), || {
-            belayer_integration::leaks::pids_mentioning("sleep 600").is_empty()
+            belayer_integration::leaks::pids_mentioning(&held.sleeper).is_empty()
                 && belayer_integration::leaks::pids_mentioning(&script_name).is_empty()
         }),
         "CRIU's action script outlived the abandoned checkpoint"
@@ -243,9 +218,115 @@ fn a_checkpoint_frozen_past_its_bound_is_abandoned_and_the_container_thaws() {
     assert_eq!(c.belayer(&["checkpoints", "h1"]).stdout.trim(), "");
 
     // Not held, the next checkpoint goes through: nothing was left locked or frozen.
-    std::fs::remove_file(&hold).unwrap();
+    std::fs::remove_file(&held.hold).unwrap();
     let cp = checkpoint(&c, "h1");
     assert_eq!(c.belayer(&["checkpoints", "h1"]).stdout.trim(), cp);
     remove(&c, "h1");
-    assert!(Path::new(&script).exists());
+}
+
+/// An automatic checkpoint abandoned at the bound backs off: the execs that follow run without
+/// a new freeze (CRIU's pre-dump script, which logs each dump, is not run again), and the
+/// container stays up.
+#[test]
+fn an_abandoned_automatic_checkpoint_backs_off() {
+    let held = HeldDump::new("frozen-backoff");
+    let c = Containerd::start_configured(Flavor::V2, None, Some(held.config.clone()));
+    run_detached_with(
+        &c,
+        BELAYER,
+        &[
+            "--annotation",
+            &held.annotation,
+            "--annotation",
+            "io.belayer.checkpoint=auto",
+        ],
+        "b1",
+        &["sh", "-c", "while :; do sleep 1; done"],
+    );
+    // The first exec's end starts an automatic checkpoint; its dump is held, then abandoned.
+    exec_echo(&c, "b1", "first");
+    assert!(
+        wait_until(Duration::from_secs(20), || held.dumps() == 1),
+        "no automatic checkpoint began a dump"
+    );
+    assert!(
+        wait_until(held.limit + Duration::from_secs(8), || {
+            belayer_integration::leaks::pids_mentioning(&held.sleeper).is_empty()
+        }),
+        "the held dump was not abandoned"
+    );
+    for e in ["second", "third", "fourth"] {
+        exec_echo(&c, "b1", e);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(
+        held.dumps(),
+        1,
+        "an automatic checkpoint froze the container again"
+    );
+    assert_eq!(task_status(&c, "b1"), "RUNNING");
+    remove(&c, "b1");
+}
+
+/// A Belayer config with a 2 s frozen bound, and a CRIU config (for a container's own
+/// `org.criu.config` annotation) whose pre-dump action script logs each dump and, while the
+/// `hold` file exists, sleeps for 10 minutes: a dump that does not finish.
+struct HeldDump {
+    _scratch: Scratch,
+    limit: Duration,
+    config: std::path::PathBuf,
+    script: std::path::PathBuf,
+    hold: std::path::PathBuf,
+    log: std::path::PathBuf,
+    annotation: String,
+    /// The held dump's `sleep` command line, unique to this test.
+    sleeper: String,
+}
+
+impl HeldDump {
+    fn new(name: &str) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let scratch = Scratch::new(name);
+        let dir = scratch.path();
+        let limit = Duration::from_millis(2000);
+        let config = dir.join("belayer.toml");
+        std::fs::write(
+            &config,
+            format!("frozen_limit_ms = {}\n", limit.as_millis()),
+        )
+        .unwrap();
+        let (hold, log) = (dir.join("hold"), dir.join("dumps.log"));
+        let script = dir.join("hold-pre-dump.sh");
+        let sleeper = format!("sleep 600.{}{}", std::process::id(), name.len());
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = pre-dump ] || exit 0\n\
+                 echo dump >> {}\n[ -e {} ] && exec {sleeper}\nexit 0\n",
+                log.display(),
+                hold.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let criu_conf = dir.join("criu.conf");
+        std::fs::write(&criu_conf, format!("action-script {}\n", script.display())).unwrap();
+        std::fs::write(&hold, "").unwrap();
+        let annotation = format!("org.criu.config={}", criu_conf.display());
+        Self {
+            _scratch: scratch,
+            limit,
+            config,
+            script,
+            hold,
+            log,
+            annotation,
+            sleeper,
+        }
+    }
+
+    /// Dumps begun so far.
+    fn dumps(&self) -> usize {
+        std::fs::read_to_string(&self.log).map_or(0, |l| l.lines().count())
+    }
 }
