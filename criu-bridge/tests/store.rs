@@ -955,7 +955,8 @@ fn the_store_is_root_only_at_rest() {
 }
 
 /// An image lower dir inside the store that is not a checkpoint's fs layer (another container's
-/// upper, a checkpoint's CRIU images) or a symlink is refused when the checkpoint is verified.
+/// upper, a checkpoint's CRIU images), named directly or through a symlink, is refused when the
+/// checkpoint is verified; a symlink to an image layer (docker's overlay2 `l/…`) is not.
 #[test]
 fn image_lowers_in_the_store_are_only_checkpoint_layers() {
     let e = env();
@@ -963,8 +964,8 @@ fn image_lowers_in_the_store_are_only_checkpoint_layers() {
     let cp = fake_checkpoint(&e.store, &e.upper, &e.lower, None).unwrap();
     let upper = e.store.root().join("uppers/default/other/g1/upper");
     fs::create_dir_all(&upper).unwrap();
-    let link = e._tmp.path().join("link-to-lower");
-    std::os::unix::fs::symlink(&e.lower, &link).unwrap();
+    let link = e._tmp.path().join("link-to-upper");
+    std::os::unix::fs::symlink(&upper, &link).unwrap();
     for bad in [upper, cp.criu_dir(), link] {
         forge(&cp, |m| m.image_lowers = vec![bad.clone()]);
         let cp = e.store.load("default", "c1", 1).unwrap();
@@ -975,4 +976,9 @@ fn image_lowers_in_the_store_are_only_checkpoint_layers() {
             bad.display()
         );
     }
+    let layer = e._tmp.path().join("l-ABCD");
+    std::os::unix::fs::symlink(&e.lower, &layer).unwrap();
+    forge(&cp, |m| m.image_lowers = vec![layer.clone()]);
+    let cp = e.store.load("default", "c1", 1).unwrap();
+    verify_checkpoint(&e.store, &cp, VerifyLevel::Sizes).unwrap();
 }

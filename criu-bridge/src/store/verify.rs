@@ -86,9 +86,10 @@ pub enum VerifyError {
     /// The image lower dirs are gone.
     #[error("image lower dir {0} is missing")]
     MissingImageLower(PathBuf),
-    /// An image lower dir that no checkpoint may stack on: relative, a symlink, or a dir of this
-    /// store other than a checkpoint's fs layer (an upper, CRIU images, the store itself).
-    #[error("image lower dir {0} is not an image layer or a checkpoint's fs layer")]
+    /// An image lower dir that no checkpoint may stack on: relative, or a dir of this store
+    /// (named directly or through a symlink) other than a checkpoint's fs layer (an upper, CRIU
+    /// images, the store itself).
+    #[error("image lower dir {0} is not an image layer nor a checkpoint's fs layer")]
     ForeignImageLower(PathBuf),
 }
 
@@ -307,8 +308,8 @@ fn kind_of(m: &std::fs::Metadata) -> char {
 
 /// Verifies a checkpoint and every checkpoint of its fs chain, and that the image lowers exist;
 /// an image lower that is another checkpoint's layer in this store (a fork stacks on the chain
-/// it was forked from) is verified as that checkpoint's layer, and one that is another dir of
-/// the store, a symlink or a relative path is refused.
+/// it was forked from) is verified as that checkpoint's layer, and one that is (or resolves to)
+/// another dir of the store, or a relative path, is refused.
 pub fn verify_checkpoint(
     store: &Store,
     cp: &Checkpoint,
@@ -323,9 +324,12 @@ pub fn verify_checkpoint(
         if !l.is_dir() {
             return Err(VerifyError::MissingImageLower(l.clone()));
         }
-        let symlink = std::fs::symlink_metadata(l).is_ok_and(|m| m.file_type().is_symlink());
+        // Not the symlinks themselves: docker's overlay2 names its layers by symlinks (`l/…`).
         let owner = store.layer_owner(l);
-        if l.is_relative() || symlink || (owner.is_none() && l.starts_with(store.root())) {
+        let in_store = std::fs::canonicalize(l).is_ok_and(|c| {
+            std::fs::canonicalize(store.root()).is_ok_and(|root| c.starts_with(root))
+        });
+        if l.is_relative() || (owner.is_none() && (l.starts_with(store.root()) || in_store)) {
             return Err(VerifyError::ForeignImageLower(l.clone()));
         }
         if let Some((namespace, container, seq)) = owner {
