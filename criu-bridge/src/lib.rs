@@ -20,8 +20,8 @@ pub use checkpoint::{
     checkpoint_container_with,
 };
 pub use restore::{
-    RestoreError, RestoreReport, RestoreRequest, mount_rootfs, restore_processes, rootfs_lowers,
-    verify,
+    RestoreError, RestoreReport, RestoreRequest, check_privilege, mount_rootfs, restore_processes,
+    rootfs_lowers, verify,
 };
 pub use store::{Checkpoint, Store, UncapturedExec};
 pub use watch::Stall;

@@ -47,6 +47,16 @@ pub enum RestoreError {
         #[source]
         source: Box<RuncError>,
     },
+    /// A task of the checkpoint holds more privilege than the container's spec grants (or
+    /// its images cannot be read to tell); nothing was restored or written.
+    #[error("checkpoint images {dir} refused")]
+    Privilege {
+        /// The CRIU image dir.
+        dir: PathBuf,
+        /// The task and field that exceed the spec.
+        #[source]
+        source: Box<crate::criu::PrivilegeError>,
+    },
     /// The lazy-pages daemon did not start (nothing was restored).
     #[error(transparent)]
     LazyPages(#[from] crate::lazy::LazyPagesError),
@@ -59,6 +69,18 @@ pub enum RestoreError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Refuses CRIU images in `image_dir` whose tasks exceed what the spec of `bundle` (the
+/// container being created) grants: credentials, capabilities, `no_new_privs`, seccomp, mounts
+/// ([`crate::criu::privilege`]). Reads only; run it before anything is touched.
+pub fn check_privilege(image_dir: &Path, bundle: &Path) -> Result<(), RestoreError> {
+    crate::criu::check_restore_privilege(image_dir, bundle).map_err(|source| {
+        RestoreError::Privilege {
+            dir: image_dir.into(),
+            source: Box::new(source),
+        }
+    })
 }
 
 /// Verifies `cp` and its whole fs chain before anything is touched.
@@ -147,6 +169,7 @@ pub fn restore_processes(
     stdio: RestoreStdio,
 ) -> Result<RestoreReport, RestoreError> {
     crate::criu::check_criu_with(&*req.runc.spawner, &req.runc.criu)?;
+    check_privilege(req.image_dir, req.bundle)?;
     std::fs::create_dir_all(req.work_dir).map_err(|source| RestoreError::WorkDir {
         path: req.work_dir.into(),
         source,
