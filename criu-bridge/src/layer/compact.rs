@@ -5,7 +5,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::copy::{self, Copier, CopyError};
+use super::at::Stat;
+use super::copy::{self, Copier, CopyError, Source};
 
 /// Why a compaction failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +67,7 @@ pub fn compact_layers(
     }
     let mut copier = Copier::default();
     let root = read_meta(&layers[0])?;
-    copier.copy_node(&layers[0], out, &root)?;
+    copier.copy_node(&Source::Path(&layers[0]), out, &root)?;
     for layer in layers {
         copier.reset_links();
         let meta = read_meta(layer)?;
@@ -77,11 +78,13 @@ pub fn compact_layers(
     Ok(start.elapsed())
 }
 
-fn read_meta(path: &Path) -> Result<fs::Metadata, CompactError> {
-    fs::symlink_metadata(path).map_err(|source| CompactError::ReadLayer {
-        path: path.into(),
-        source,
-    })
+fn read_meta(path: &Path) -> Result<Stat, CompactError> {
+    fs::symlink_metadata(path)
+        .map(|m| Stat::from(&m))
+        .map_err(|source| CompactError::ReadLayer {
+            path: path.into(),
+            source,
+        })
 }
 
 fn apply_dir(
@@ -121,23 +124,23 @@ fn apply_dir(
             let existing = fs::symlink_metadata(&dst).ok();
             if copy::is_opaque(&src)? {
                 copy::remove_any(&dst)?;
-                copier.copy_node(&src, &dst, &meta)?;
+                copier.copy_node(&Source::Path(&src), &dst, &meta)?;
                 copy::set_opaque(&dst)?;
             } else if existing.as_ref().is_some_and(|m| m.is_dir()) {
                 copier.update_dir(&src, &dst, &meta)?;
             } else if existing.is_some() {
                 // A directory over a non-directory hides everything below it.
                 copy::remove_any(&dst)?;
-                copier.copy_node(&src, &dst, &meta)?;
+                copier.copy_node(&Source::Path(&src), &dst, &meta)?;
                 copy::set_opaque(&dst)?;
             } else {
-                copier.copy_node(&src, &dst, &meta)?;
+                copier.copy_node(&Source::Path(&src), &dst, &meta)?;
             }
             let hidden = hidden_below || copy::is_opaque(&dst)?;
             apply_dir(layer, out, &child, image, hidden, copier)?;
         } else {
             copy::remove_any(&dst)?;
-            copier.copy_node(&src, &dst, &meta)?;
+            copier.copy_node(&Source::Path(&src), &dst, &meta)?;
         }
     }
     Ok(())

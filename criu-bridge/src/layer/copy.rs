@@ -2,13 +2,15 @@
 //! owner, mode (setuid too), xattrs, hardlinks within the destination layer, and mtimes.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
-use std::fs::{self, File, Metadata};
+use std::ffi::{CStr, OsStr, OsString};
+use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::os::fd::BorrowedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use super::at::{self, Stat};
 use crate::sys;
 
 /// Xattrs overlay keeps for itself; never copied verbatim.
@@ -45,8 +47,78 @@ pub(crate) fn step<T>(r: io::Result<T>, step: &'static str, path: &Path) -> Resu
 }
 
 /// Is `meta` an overlay whiteout (char device 0/0)?
-pub(crate) fn is_whiteout(meta: &Metadata) -> bool {
-    meta.file_type().is_char_device() && meta.rdev() == 0
+pub(crate) fn is_whiteout(meta: &Stat) -> bool {
+    meta.kind() == libc::S_IFCHR && meta.rdev == 0
+}
+
+/// Where [`Copier::copy_node`] reads a node's data, symlink target and xattrs from.
+pub(crate) enum Source<'a> {
+    /// A path (the store's own layers, which only Belayer writes).
+    Path(&'a Path),
+    /// A directory or regular file of an upper dir, open and checked against the scan.
+    Open {
+        /// The open node.
+        fd: BorrowedFd<'a>,
+        /// Its path, for messages.
+        path: &'a Path,
+    },
+    /// Another node of an upper dir (symlink, device, fifo, socket, whiteout), open `O_PATH`
+    /// and checked against the scan; its xattrs are read by name in its checked parent.
+    Node {
+        /// The node, `O_PATH`.
+        fd: BorrowedFd<'a>,
+        /// Its parent directory.
+        parent: BorrowedFd<'a>,
+        /// Its name in `parent`.
+        name: &'a CStr,
+        /// Its path, for messages.
+        path: &'a Path,
+    },
+}
+
+impl Source<'_> {
+    fn path(&self) -> &Path {
+        match self {
+            Self::Path(p) | Self::Open { path: p, .. } | Self::Node { path: p, .. } => p,
+        }
+    }
+
+    fn list_xattrs(&self) -> io::Result<Vec<OsString>> {
+        match self {
+            Self::Path(p) => sys::llistxattr(p),
+            Self::Open { fd, .. } => at::flistxattr(*fd),
+            Self::Node { parent, name, .. } => {
+                sys::llistxattr(&at::proc_path(*parent, OsStr::from_bytes(name.to_bytes())))
+            }
+        }
+    }
+
+    fn get_xattr(&self, attr: &OsStr) -> io::Result<Option<Vec<u8>>> {
+        match self {
+            Self::Path(p) => sys::lgetxattr(p, attr),
+            Self::Open { fd, .. } => at::fgetxattr(*fd, attr),
+            Self::Node { parent, name, .. } => sys::lgetxattr(
+                &at::proc_path(*parent, OsStr::from_bytes(name.to_bytes())),
+                attr,
+            ),
+        }
+    }
+
+    fn read_link(&self) -> io::Result<PathBuf> {
+        match self {
+            Self::Path(p) => fs::read_link(p),
+            Self::Node { fd, .. } => at::read_link(*fd),
+            Self::Open { .. } => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
+
+    fn open_data(&self) -> io::Result<File> {
+        match self {
+            Self::Path(p) => File::open(p),
+            Self::Open { fd, .. } => Ok(File::from(fd.try_clone_to_owned()?)),
+            Self::Node { .. } => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
 }
 
 /// Is `dir` marked opaque?
@@ -97,12 +169,13 @@ pub(crate) struct Copier {
 
 impl Copier {
     /// Copies the non-overlay xattrs of `src` to `dst`.
-    fn copy_xattrs(&self, src: &Path, dst: &Path) -> Result<(), CopyError> {
-        for name in step(sys::llistxattr(src), "list xattrs of", src)? {
+    fn copy_xattrs(&self, src: &Source<'_>, dst: &Path) -> Result<(), CopyError> {
+        let path = src.path();
+        for name in step(src.list_xattrs(), "list xattrs of", path)? {
             if name.as_bytes().starts_with(OVERLAY_XATTR_PREFIX) {
                 continue;
             }
-            if let Some(v) = step(sys::lgetxattr(src, &name), "read xattrs of", src)? {
+            if let Some(v) = step(src.get_xattr(&name), "read xattrs of", path)? {
                 step(sys::lsetxattr(dst, &name, &v), "set xattr on", dst)?;
             }
         }
@@ -110,15 +183,15 @@ impl Copier {
     }
 
     /// Owner, xattrs, then mode (chown clears setuid and capabilities, so it comes first).
-    fn apply_meta(&self, src: &Path, dst: &Path, meta: &Metadata) -> Result<(), CopyError> {
+    fn apply_meta(&self, src: &Source<'_>, dst: &Path, meta: &Stat) -> Result<(), CopyError> {
         step(
-            std::os::unix::fs::lchown(dst, Some(meta.uid()), Some(meta.gid())),
+            std::os::unix::fs::lchown(dst, Some(meta.uid), Some(meta.gid)),
             "chown",
             dst,
         )?;
         self.copy_xattrs(src, dst)?;
-        if !meta.file_type().is_symlink() {
-            let perm = fs::Permissions::from_mode(meta.mode() & 0o7777);
+        if !meta.is_symlink() {
+            let perm = fs::Permissions::from_mode(meta.mode & 0o7777);
             step(fs::set_permissions(dst, perm), "chmod", dst)?;
         }
         Ok(())
@@ -126,14 +199,15 @@ impl Copier {
 
     /// Copies the node `src` (described by `meta`) to `dst`, which must not exist. Directories
     /// are created empty; call [`Copier::finish`] after their children to set their mtimes.
-    pub fn copy_node(&mut self, src: &Path, dst: &Path, meta: &Metadata) -> Result<(), CopyError> {
-        let ft = meta.file_type();
-        let times = (
-            (meta.atime(), meta.atime_nsec()),
-            (meta.mtime(), meta.mtime_nsec()),
-        );
+    pub fn copy_node(
+        &mut self,
+        src: &Source<'_>,
+        dst: &Path,
+        meta: &Stat,
+    ) -> Result<(), CopyError> {
+        let times = (meta.atime, meta.mtime);
         self.nodes += 1;
-        if ft.is_dir() {
+        if meta.is_dir() {
             step(fs::create_dir(dst), "create directory", dst)?;
             self.apply_meta(src, dst, meta)?;
             self.dir_times.push((dst.to_path_buf(), times.1));
@@ -142,32 +216,32 @@ impl Copier {
         if is_whiteout(meta) {
             return make_whiteout(dst);
         }
-        let key = (meta.dev(), meta.ino());
-        if meta.nlink() > 1
+        let key = (meta.dev, meta.ino);
+        if meta.nlink > 1
             && let Some(first) = self.links.get(&key)
         {
             return step(fs::hard_link(first, dst), "hardlink", dst);
         }
-        if ft.is_file() {
-            self.bytes += copy_sparse(src, dst)?;
-        } else if ft.is_symlink() {
-            let target = step(fs::read_link(src), "read symlink", src)?;
+        if meta.is_file() {
+            let from = step(src.open_data(), "read", src.path())?;
+            self.bytes += copy_sparse(&from, src.path(), dst)?;
+        } else if meta.is_symlink() {
+            let target = step(src.read_link(), "read symlink", src.path())?;
             step(
                 std::os::unix::fs::symlink(&target, dst),
                 "create symlink",
                 dst,
             )?;
         } else {
-            let kind = meta.mode() & libc::S_IFMT;
             step(
-                sys::mknod(dst, kind | 0o600, meta.rdev()),
+                sys::mknod(dst, meta.kind() | 0o600, meta.rdev),
                 "create special file",
                 dst,
             )?;
         }
         self.apply_meta(src, dst, meta)?;
         step(sys::set_times(dst, times.0, times.1), "set times of", dst)?;
-        if meta.nlink() > 1 {
+        if meta.nlink > 1 {
             self.links.insert(key, dst.to_path_buf());
         }
         Ok(())
@@ -194,7 +268,7 @@ impl Copier {
 
     /// Sets `dst`'s directory metadata (owner, mode, xattrs, mtime) from `src`, for a directory
     /// that already exists in the destination.
-    pub fn update_dir(&mut self, src: &Path, dst: &Path, meta: &Metadata) -> Result<(), CopyError> {
+    pub fn update_dir(&mut self, src: &Path, dst: &Path, meta: &Stat) -> Result<(), CopyError> {
         for name in step(sys::llistxattr(dst), "list xattrs of", dst)? {
             if !name.as_bytes().starts_with(OVERLAY_XATTR_PREFIX) {
                 let p = crate::sys::lgetxattr(src, &name);
@@ -203,9 +277,8 @@ impl Copier {
                 }
             }
         }
-        self.apply_meta(src, dst, meta)?;
-        self.dir_times
-            .push((dst.to_path_buf(), (meta.mtime(), meta.mtime_nsec())));
+        self.apply_meta(&Source::Path(src), dst, meta)?;
+        self.dir_times.push((dst.to_path_buf(), meta.mtime));
         Ok(())
     }
 }
@@ -230,8 +303,7 @@ fn remove_xattr(path: &Path, name: &OsStr) -> Result<(), CopyError> {
 }
 
 /// Copies a regular file's data (in the kernel where it can), keeping holes as holes. Returns the bytes written.
-fn copy_sparse(src: &Path, dst: &Path) -> Result<u64, CopyError> {
-    let mut from = step(File::open(src), "read", src)?;
+fn copy_sparse(mut from: &File, src: &Path, dst: &Path) -> Result<u64, CopyError> {
     let mut to = step(File::create(dst), "create", dst)?;
     let len = step(from.metadata(), "stat", src)?.len();
     let mut written = 0u64;
@@ -241,7 +313,7 @@ fn copy_sparse(src: &Path, dst: &Path) -> Result<u64, CopyError> {
     let mut in_kernel = true;
     while pos < len {
         let Some(data) = step(
-            sys::seek_data_hole(&from, pos, libc::SEEK_DATA),
+            sys::seek_data_hole(from, pos, libc::SEEK_DATA),
             "seek data in",
             src,
         )?
@@ -249,7 +321,7 @@ fn copy_sparse(src: &Path, dst: &Path) -> Result<u64, CopyError> {
             break;
         };
         let hole = step(
-            sys::seek_data_hole(&from, data, libc::SEEK_HOLE),
+            sys::seek_data_hole(from, data, libc::SEEK_HOLE),
             "seek hole in",
             src,
         )?
@@ -257,7 +329,7 @@ fn copy_sparse(src: &Path, dst: &Path) -> Result<u64, CopyError> {
         let mut at = data;
         if in_kernel {
             while at < hole {
-                match sys::copy_range(&from, &to, at, hole - at) {
+                match sys::copy_range(from, &to, at, hole - at) {
                     Ok(0) => break,
                     Ok(n) => at += n,
                     Err(e)

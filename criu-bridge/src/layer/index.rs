@@ -2,7 +2,6 @@
 //! identity, ctime, size, mode), so the next capture copies only what changed since.
 
 use std::collections::BTreeMap;
-use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -51,13 +50,13 @@ pub struct IndexEntry {
 }
 
 impl IndexEntry {
-    pub(crate) fn from_meta(m: &Metadata, opaque: bool) -> Self {
+    pub(crate) fn from_meta(m: &super::at::Stat, opaque: bool) -> Self {
         Self {
-            ino: m.ino(),
-            ctime: (m.ctime(), m.ctime_nsec()),
-            size: m.size(),
-            mode: m.mode(),
-            nlink: m.nlink(),
+            ino: m.ino,
+            ctime: m.ctime,
+            size: m.size,
+            mode: m.mode,
+            nlink: m.nlink,
             opaque,
         }
     }

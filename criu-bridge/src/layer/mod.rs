@@ -1,5 +1,6 @@
 //! Filesystem layers: capture of an overlay upper dir's changes, mounting a chain, compaction.
 
+mod at;
 mod capture;
 mod compact;
 mod copy;
