@@ -170,10 +170,13 @@ pub fn restore_processes(
 ) -> Result<RestoreReport, RestoreError> {
     crate::criu::check_criu_with(&*req.runc.spawner, &req.runc.criu)?;
     check_privilege(req.image_dir, req.bundle)?;
-    std::fs::create_dir_all(req.work_dir).map_err(|source| RestoreError::WorkDir {
-        path: req.work_dir.into(),
-        source,
-    })?;
+    // Root-only: CRIU's restore.log names the restored files and sockets.
+    std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+        .create(req.work_dir)
+        .map_err(|source| RestoreError::WorkDir {
+            path: req.work_dir.into(),
+            source,
+        })?;
     let start = Instant::now();
     let image_dir = req.image_dir;
     let lazy = match req.lazy_pages {
