@@ -3,7 +3,7 @@
 //! instant ([`criu_bridge::checkpoint_container`]), restore in place, restore at task start (forks,
 //! containers without a task).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -105,6 +105,10 @@ impl From<RestoreError> for Error {
                 Error::CheckpointNotFound(chain(&e))
             }
             RestoreError::Load(_) => Error::Corrupt(chain(&e)),
+            RestoreError::Privilege { source, .. } => match **source {
+                criu_bridge::criu::PrivilegeError::Image(_) => Error::Corrupt(chain(&e)),
+                _ => Error::FailedPrecondition(chain(&e)),
+            },
             _ => Error::Checkpoint(chain(&e)),
         }
     }
@@ -658,6 +662,7 @@ impl Inner {
         }
         let ns = self.namespace.clone();
         let (cp, lease, verify_ms) = self.load_verified(&ns, id, seq, id).await?;
+        check_privilege(&cp, &c.bundle).await?;
         let t_verified = started.elapsed();
         // Point of no return: the old processes go.
         if let Err(e) = self.runc.delete(id, true).await
@@ -720,6 +725,7 @@ impl Inner {
                 &c.id,
             )
             .await?;
+        check_privilege(&cp, &c.bundle).await?;
         c.pending_restore = Some(PendingRestore::Belayer(Box::new(cp), lease));
         Ok(())
     }
@@ -804,6 +810,17 @@ impl Images {
             lazy: true,
         }
     }
+}
+
+/// Refuses `cp` if its tasks hold more privilege than the spec in `bundle` (the container being
+/// created or restored) grants ([`criu_bridge::check_privilege`]); reads only, so it runs before
+/// anything is touched. The restore itself checks again before CRIU runs.
+async fn check_privilege(cp: &Checkpoint, bundle: &Path) -> Result<()> {
+    let (images, bundle) = (cp.criu_dir(), bundle.to_path_buf());
+    tokio::task::spawn_blocking(move || criu_bridge::check_privilege(&images, &bundle))
+        .await
+        .map_err(|e| Error::Checkpoint(e.to_string()))?
+        .map_err(Error::from)
 }
 
 /// Whether restores run lazily (`lazy_restore` of the settings; `auto` asks CRIU once). Blocks:
