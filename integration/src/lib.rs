@@ -12,6 +12,7 @@ pub mod episode;
 pub mod leaks;
 pub mod prereq;
 pub mod registry;
+pub mod zdtm;
 
 pub use containerd::{Containerd, Flavor, Out};
 pub use docker::Docker;

@@ -2,7 +2,7 @@
 //!
 //! Each suite is its own binary, `belayer-bench-SUITE`, built by the crate that owns the thing it
 //! measures (`scheduler` → `sched`, `gpu-broker` → `worker`, `integration` → `env`, `rollout`,
-//! `gateway`).
+//! `gateway`, `zdtm`).
 //! This dispatcher finds it beside itself or on PATH and hands over the arguments, git-style, so a
 //! crate's benchmark builds and runs without linking every other crate.
 
@@ -27,6 +27,10 @@ const SUITES: &[(&str, &str)] = &[
     (
         "gateway",
         "LLM gateway: latency added per request, hints to a real shim",
+    ),
+    (
+        "zdtm",
+        "CRIU's ZDTM static suite: restore, fork, auto recovery vs containerd's",
     ),
 ];
 
