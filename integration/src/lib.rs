@@ -5,6 +5,7 @@
 //! nothing here skips.
 
 pub mod bench;
+pub mod chaos;
 pub mod client;
 pub mod containerd;
 pub mod docker;

@@ -16,6 +16,10 @@ const SUITES: &[(&str, &str)] = &[
         "environment checkpoint/restore/fork vs replay, containerd and podman",
     ),
     (
+        "chaos",
+        "seeded fault-injection soak: faults survived, trajectories lost, recovery",
+    ),
+    (
         "sched",
         "checkpoint-scheduling simulator: policy vs every-turn, every-k, never",
     ),

@@ -1,0 +1,184 @@
+//! A seeded fault-injection soak (issue 24): N Debian + Python sandboxes under automatic
+//! checkpoints and recovery run agent-like trajectories while a seeded schedule injects faults
+//! into them, overlapping across sandboxes; invariants are checked after every fault and at the
+//! end, and the figures come out as a table and one JSON line. `belayer-bench chaos` and
+//! `tests/chaos.rs` run it.
+
+pub mod check;
+pub mod fault;
+pub mod report;
+pub mod rng;
+pub mod trajectory;
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::Containerd;
+pub use fault::{Kind, Schedule};
+pub use report::Report;
+
+/// One soak run's parameters.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub sandboxes: usize,
+    pub duration: Duration,
+    pub seed: u64,
+    /// Memory the background process of each sandbox holds, MB.
+    pub holder_mb: u32,
+    /// `io.belayer.keep`: automatic checkpoints kept per sandbox.
+    pub keep: u32,
+    pub schedule: Schedule,
+    /// The command line that reproduces this run (printed with every failure).
+    pub command: String,
+}
+
+impl Config {
+    /// Defaults for `sandboxes` sandboxes over `duration`: every kind, a fault on a fifth of
+    /// the turns, two fault-free turns after each.
+    pub fn new(sandboxes: usize, duration: Duration, seed: u64) -> Self {
+        Self {
+            sandboxes,
+            duration,
+            seed,
+            holder_mb: 32,
+            keep: 3,
+            schedule: Schedule {
+                kinds: Kind::ALL.to_vec(),
+                rate: 0.2,
+                spacing: 2,
+            },
+            command: String::new(),
+        }
+    }
+}
+
+/// What one fault did.
+#[derive(Clone, Debug)]
+pub struct Event {
+    pub sandbox: String,
+    pub turn: u64,
+    pub kind: Kind,
+    pub outcome: Outcome,
+    pub detail: String,
+    /// Seconds into the run.
+    pub at_s: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Injected, and everything Belayer claims for it held.
+    Survived,
+    /// Injected, and a claim failed; the trajectory went on.
+    Violated,
+    /// Injected, and the trajectory is lost.
+    Lost,
+    /// Its window closed before it could be injected (a checkpoint ended before CRIU was seen).
+    Missed,
+}
+
+/// What the sandboxes' workers record, shared.
+#[derive(Default)]
+pub struct Journal {
+    pub events: Vec<Event>,
+    /// Kill → the next action works, ms.
+    pub recovery_ms: Vec<u64>,
+    /// (sandbox, checkpoint) → frozen µs, for every checkpoint the soak saw listed.
+    pub frozen_us: std::collections::BTreeMap<(String, String), u64>,
+    /// Invariant failures not tied to one injected fault.
+    pub violations: Vec<String>,
+    /// Forks made (removed as soon as checked), for the leak check.
+    pub forks: Vec<String>,
+}
+
+/// The shared state of a run.
+pub struct Run<'a> {
+    pub c: &'a Containerd,
+    pub cfg: &'a Config,
+    pub start: Instant,
+    pub journal: Mutex<Journal>,
+}
+
+impl Run<'_> {
+    pub fn elapsed_s(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    pub fn record(&self, f: impl FnOnce(&mut Journal)) {
+        f(&mut self.journal.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+}
+
+/// Runs the soak against `c` (a containerd with the Belayer shim) and returns its figures.
+pub fn run(c: &Containerd, cfg: &Config) -> Report {
+    let run = Run {
+        c,
+        cfg,
+        start: Instant::now(),
+        journal: Mutex::new(Journal::default()),
+    };
+    let load_before = loadavg();
+    let cpu_before = crate::machine_cpu_s();
+    let results: Vec<trajectory::Outcome> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..cfg.sandboxes)
+            .map(|i| {
+                let run = &run;
+                let handle = scope.spawn(move || trajectory::run(run, i));
+                (i, handle)
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|(i, h)| {
+                h.join().unwrap_or_else(|panic| {
+                    let msg = panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panic".into());
+                    trajectory::Outcome::panicked(i, msg)
+                })
+            })
+            .collect()
+    });
+    let ids: Vec<String> = results.iter().map(|r| r.id.clone()).collect();
+    // The end: every sandbox still running is checked once more, then all go.
+    for r in &results {
+        if r.lost.is_none() {
+            trajectory::final_check(&run, &r.id);
+        }
+    }
+    for id in ids
+        .iter()
+        .chain(run.journal.lock().unwrap().forks.clone().iter())
+    {
+        trajectory::remove(c, id);
+    }
+    let mut leaks = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        leaks = check::leaks(c, &ids);
+        if leaks.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let journal = run.journal.into_inner().unwrap_or_else(|e| e.into_inner());
+    Report::new(
+        cfg,
+        run.start.elapsed(),
+        results,
+        journal,
+        leaks,
+        load_before,
+        loadavg(),
+        crate::machine_cpu_since(cpu_before),
+    )
+}
+
+/// The 1-minute load average.
+pub fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
+}

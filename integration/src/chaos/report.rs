@@ -1,0 +1,268 @@
+//! The soak's figures: faults per kind and outcome, trajectories completed and lost, recovery
+//! latency and checkpoint frozen time percentiles, the machine's load; a table and one JSON line.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::trajectory::Outcome as Trajectory;
+use super::{Config, Event, Journal, Kind, Outcome};
+
+/// Per fault kind: how many were injected and what came of them.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    pub survived: usize,
+    pub violated: usize,
+    pub lost: usize,
+    pub missed: usize,
+}
+
+impl Tally {
+    pub fn injected(&self) -> usize {
+        self.survived + self.violated + self.lost
+    }
+}
+
+pub struct Report {
+    pub seed: u64,
+    pub command: String,
+    pub sandboxes: usize,
+    pub wall: Duration,
+    pub per_kind: BTreeMap<Kind, Tally>,
+    pub trajectories: Vec<Trajectory>,
+    pub events: Vec<Event>,
+    pub recovery_ms: Vec<u64>,
+    pub frozen_ms: Vec<f64>,
+    pub violations: Vec<String>,
+    pub leaks: Vec<String>,
+    pub load: (f64, f64),
+    pub cpu: Option<(f64, f64)>,
+}
+
+/// The `p`-th percentile (nearest rank) of `xs`.
+pub fn percentile(xs: &[f64], p: f64) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    Some(v[rank.clamp(1, v.len()) - 1])
+}
+
+impl Report {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        cfg: &Config,
+        wall: Duration,
+        trajectories: Vec<Trajectory>,
+        journal: Journal,
+        leaks: Vec<String>,
+        load_before: f64,
+        load_after: f64,
+        cpu: Option<(f64, f64)>,
+    ) -> Self {
+        let mut per_kind: BTreeMap<Kind, Tally> = cfg
+            .schedule
+            .kinds
+            .iter()
+            .map(|k| (*k, Tally::default()))
+            .collect();
+        for e in &journal.events {
+            let t = per_kind.entry(e.kind).or_default();
+            match e.outcome {
+                Outcome::Survived => t.survived += 1,
+                Outcome::Violated => t.violated += 1,
+                Outcome::Lost => t.lost += 1,
+                Outcome::Missed => t.missed += 1,
+            }
+        }
+        let mut violations = journal.violations;
+        for e in &journal.events {
+            if e.outcome == Outcome::Violated {
+                violations.push(format!(
+                    "{} turn {} {}: {}",
+                    e.sandbox,
+                    e.turn,
+                    e.kind.name(),
+                    e.detail
+                ));
+            }
+        }
+        Self {
+            seed: cfg.seed,
+            command: cfg.command.clone(),
+            sandboxes: cfg.sandboxes,
+            wall,
+            per_kind,
+            trajectories,
+            events: journal.events,
+            recovery_ms: journal.recovery_ms,
+            frozen_ms: journal
+                .frozen_us
+                .values()
+                .map(|us| *us as f64 / 1000.0)
+                .collect(),
+            violations,
+            leaks,
+            load: (load_before, load_after),
+            cpu,
+        }
+    }
+
+    pub fn injected(&self) -> usize {
+        self.per_kind.values().map(Tally::injected).sum()
+    }
+
+    pub fn lost(&self) -> Vec<&Trajectory> {
+        self.trajectories
+            .iter()
+            .filter(|t| t.lost.is_some())
+            .collect()
+    }
+
+    /// Nothing lost, no invariant failed, nothing leaked.
+    pub fn passed(&self) -> bool {
+        self.lost().is_empty() && self.violations.is_empty() && self.leaks.is_empty()
+    }
+
+    fn recovery(&self, p: f64) -> Option<f64> {
+        let xs: Vec<f64> = self.recovery_ms.iter().map(|v| *v as f64).collect();
+        percentile(&xs, p)
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let kinds: serde_json::Map<String, serde_json::Value> = self
+            .per_kind
+            .iter()
+            .map(|(k, t)| {
+                (
+                    k.name().to_string(),
+                    json!({"injected": t.injected(), "survived": t.survived,
+                           "violated": t.violated, "lost": t.lost, "missed": t.missed}),
+                )
+            })
+            .collect();
+        json!({
+            "bench": "chaos",
+            "seed": self.seed,
+            "command": self.command,
+            "sandboxes": self.sandboxes,
+            "wall_s": self.wall.as_secs_f64(),
+            "faults_injected": self.injected(),
+            "faults": kinds,
+            "trajectories": {
+                "completed": self.trajectories.len() - self.lost().len(),
+                "lost": self.lost().len(),
+                "turns_executed": self.trajectories.iter().map(|t| t.executed).sum::<u64>(),
+                "rewinds": self.trajectories.iter().map(|t| t.rewinds).sum::<u64>(),
+            },
+            "recovery_ms": {"n": self.recovery_ms.len(), "p50": self.recovery(50.0), "p99": self.recovery(99.0)},
+            "frozen_ms": {"n": self.frozen_ms.len(), "p50": percentile(&self.frozen_ms, 50.0),
+                          "p99": percentile(&self.frozen_ms, 99.0)},
+            "violations": self.violations,
+            "leaks": self.leaks,
+            "loadavg_1m": {"start": self.load.0, "end": self.load.1},
+            "machine_cpu_s": self.cpu.map(|(busy, steal)| json!({"busy": busy, "stolen": steal})),
+            "passed": self.passed(),
+        })
+    }
+
+    /// The table, the failures with how to reproduce them, and the JSON line last.
+    pub fn print(&self) {
+        println!(
+            "chaos: {} sandboxes, {:.0} s, seed {} — reproduce: {}",
+            self.sandboxes,
+            self.wall.as_secs_f64(),
+            self.seed,
+            self.command
+        );
+        println!(
+            "{:<22} {:>8} {:>8} {:>8} {:>6} {:>6}",
+            "fault", "injected", "survived", "violated", "lost", "missed"
+        );
+        for (k, t) in &self.per_kind {
+            println!(
+                "{:<22} {:>8} {:>8} {:>8} {:>6} {:>6}",
+                k.name(),
+                t.injected(),
+                t.survived,
+                t.violated,
+                t.lost,
+                t.missed
+            );
+        }
+        let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        println!(
+            "trajectories: {} completed, {} lost; {} turns executed, {} rewinds checked",
+            self.trajectories.len() - self.lost().len(),
+            self.lost().len(),
+            self.trajectories.iter().map(|t| t.executed).sum::<u64>(),
+            self.trajectories.iter().map(|t| t.rewinds).sum::<u64>()
+        );
+        println!(
+            "recovery (kill → next action works): p50 {} ms, p99 {} ms (n={})",
+            fmt(self.recovery(50.0)),
+            fmt(self.recovery(99.0)),
+            self.recovery_ms.len()
+        );
+        println!(
+            "checkpoint frozen time: p50 {} ms, p99 {} ms (n={} checkpoints seen)",
+            fmt(percentile(&self.frozen_ms, 50.0)),
+            fmt(percentile(&self.frozen_ms, 99.0)),
+            self.frozen_ms.len()
+        );
+        println!(
+            "load average (1 min): {:.1} at start, {:.1} at end",
+            self.load.0, self.load.1
+        );
+        for t in self.lost() {
+            println!(
+                "LOST {} at turn {}: {}",
+                t.id,
+                t.turns,
+                t.lost.as_deref().unwrap_or_default()
+            );
+        }
+        for v in &self.violations {
+            println!("VIOLATION {v}");
+        }
+        for l in &self.leaks {
+            println!("LEAK {l}");
+        }
+        if !self.passed() {
+            println!("reproduce: {}", self.command);
+        }
+        println!("{}", self.json());
+    }
+
+    /// Every event, one a line (for a post-mortem).
+    pub fn print_events(&self) {
+        for e in &self.events {
+            println!(
+                "{:>7.1}s {} turn {} {} {:?}: {}",
+                e.at_s,
+                e.sandbox,
+                e.turn,
+                e.kind.name(),
+                e.outcome,
+                e.detail
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let xs: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&xs, 50.0), Some(50.0));
+        assert_eq!(percentile(&xs, 99.0), Some(99.0));
+        assert_eq!(percentile(&[7.0], 99.0), Some(7.0));
+        assert_eq!(percentile(&[], 50.0), None);
+    }
+}

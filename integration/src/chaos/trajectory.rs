@@ -1,0 +1,778 @@
+//! One sandbox's trajectory under faults: the reference episode's set-up (a background process
+//! holding memory and a socket, a counter), then turns — each checks the append-only log holds
+//! exactly the turns before it and appends its own — with LLM-like gaps, and the faults its
+//! seeded stream draws. After every rewind (a recovery, an explicit restore) the log must be
+//! what the journal position says, the memory digest intact and the counter one-instant
+//! consistent; otherwise the trajectory is lost, with the fault that caused it.
+
+use std::time::{Duration, Instant};
+
+use super::fault::{self, Kind};
+use super::rng::Rng;
+use super::{Event, Outcome as FaultOutcome, Run, check};
+use crate::episode::{self, Sandbox, is_contiguous};
+use crate::{Containerd, Out};
+
+const BELAYER: &str = "io.containerd.belayer.v1";
+/// How long a recovery may take before the trajectory is reported lost.
+const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
+
+/// How one trajectory ended.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub id: String,
+    /// Turns the log holds at the end (or when lost).
+    pub turns: u64,
+    /// Turns executed successfully, re-executions after rewinds included.
+    pub executed: u64,
+    /// Rewinds (recoveries and explicit restores) checked.
+    pub rewinds: u64,
+    /// Why the trajectory was lost, naming the fault.
+    pub lost: Option<String>,
+}
+
+impl Outcome {
+    pub fn panicked(index: usize, msg: String) -> Self {
+        Self {
+            id: sandbox_id(index),
+            turns: 0,
+            executed: 0,
+            rewinds: 0,
+            lost: Some(format!("the harness panicked: {msg}")),
+        }
+    }
+}
+
+pub fn sandbox_id(index: usize) -> String {
+    format!("chaos-{index}")
+}
+
+/// Turn `k`'s script: the log must hold 1..k-1; append k; then work for a while (the window a
+/// kill "during an action" aims at). `: chaos-turn=k;` marks it in the journal.
+fn turn_script(k: u64) -> String {
+    format!(
+        ": chaos-turn={k}; n=$(cat /work/log 2>/dev/null | wc -l); \
+         [ \"$n\" -eq {prev} ] || {{ echo \"log holds $n turns, expected {prev}\" >&2; exit 3; }}; \
+         echo {k} >> /work/log && sleep 0.4 && echo {k} > /work/last",
+        prev = k - 1
+    )
+}
+
+struct Traj<'r, 'c> {
+    run: &'r Run<'c>,
+    s: Sandbox<'c>,
+    rng: Rng,
+    done: u64,
+    executed: u64,
+    rewinds: u64,
+    /// Checkpoints this trajectory corrupted on purpose (excluded from verification).
+    corrupted: Vec<String>,
+    verified: std::collections::BTreeSet<String>,
+}
+
+/// Runs sandbox `index`'s trajectory until the run's deadline.
+pub fn run(run: &Run, index: usize) -> Outcome {
+    let cfg = run.cfg;
+    let c = run.c;
+    let id = sandbox_id(index);
+    let keep = format!("io.belayer.keep={}", cfg.keep);
+    let s = Sandbox::start_annotated(
+        c,
+        BELAYER,
+        &id,
+        &[
+            "io.belayer.checkpoint=auto",
+            "io.belayer.recover=auto",
+            &keep,
+        ],
+    );
+    let mut t = Traj {
+        run,
+        s,
+        rng: Rng::for_sandbox(cfg.seed, index),
+        done: 0,
+        executed: 0,
+        rewinds: 0,
+        corrupted: Vec::new(),
+        verified: Default::default(),
+    };
+    let lost = t.go();
+    Outcome {
+        id,
+        turns: t.done,
+        executed: t.executed,
+        rewinds: t.rewinds,
+        lost,
+    }
+}
+
+impl Traj<'_, '_> {
+    fn c(&self) -> &Containerd {
+        self.run.c
+    }
+
+    fn id(&self) -> &str {
+        &self.s.id
+    }
+
+    fn belayer(&self, args: &[&str]) -> Out {
+        self.c().belayer(args)
+    }
+
+    /// The whole trajectory; `Some(why)` when it was lost.
+    fn go(&mut self) -> Option<String> {
+        for a in episode::actions(self.run.cfg.holder_mb) {
+            let out = self.s.exec(&a.script, a.stdin.as_deref());
+            if out.code != 0 {
+                return Some(format!("set-up action {} failed: {out:?}", a.name));
+            }
+        }
+        let base = self.belayer(&["checkpoint", self.id()]);
+        if base.code != 0 {
+            return Some(format!(
+                "the first checkpoint failed: {}",
+                base.stderr.trim()
+            ));
+        }
+        let deadline = self.run.start + self.run.cfg.duration;
+        let mut quiet = 0;
+        while Instant::now() < deadline {
+            let gap = Duration::from_millis(self.rng.range(300, 1500));
+            let drawn = self.run.cfg.schedule.draw(&mut self.rng);
+            let fault = if quiet > 0 {
+                quiet -= 1;
+                None
+            } else {
+                drawn
+            };
+            // The model thinks; the gateway would send this hint.
+            let ms = gap.as_millis().to_string();
+            let _ = self.belayer(&["hint", self.id(), "llm-start", "--expected-ms", &ms]);
+            std::thread::sleep(gap);
+            let result = match fault {
+                None => self.turn().map(|_| ()),
+                Some(kind) => {
+                    quiet = self.run.cfg.schedule.spacing;
+                    let turn = self.done + 1;
+                    let at_s = self.run.elapsed_s();
+                    let result = self.inject(kind);
+                    let (outcome, detail) = match &result {
+                        Ok(Injected::Yes(d)) => (FaultOutcome::Survived, d.clone()),
+                        Ok(Injected::Missed(d)) => (FaultOutcome::Missed, d.clone()),
+                        Err(Failure::Violated(d)) => (FaultOutcome::Violated, d.clone()),
+                        Err(Failure::Lost(d)) => (FaultOutcome::Lost, d.clone()),
+                    };
+                    self.run.record(|j| {
+                        j.events.push(Event {
+                            sandbox: self.s.id.clone(),
+                            turn,
+                            kind,
+                            outcome,
+                            detail: detail.clone(),
+                            at_s,
+                        })
+                    });
+                    match result {
+                        Err(Failure::Lost(d)) => Err(format!("{}: {d}", kind.name())),
+                        _ => Ok(()),
+                    }
+                }
+            };
+            if let Err(why) = result {
+                return Some(why);
+            }
+            if fault.is_some() || self.done.is_multiple_of(5) {
+                self.check_store();
+            }
+        }
+        None
+    }
+
+    /// Runs the next turn; `Err` (the trajectory is lost) when it fails.
+    fn turn(&mut self) -> Result<(), String> {
+        let k = self.done + 1;
+        let out = self.s.exec(&turn_script(k), None);
+        if out.code != 0 {
+            return Err(format!(
+                "turn {k} failed with no fault injected: {}",
+                out.stderr.trim()
+            ));
+        }
+        self.done = k;
+        self.executed += 1;
+        Ok(())
+    }
+
+    fn init_pid(&self) -> Option<i64> {
+        task_row(self.c(), self.id())
+            .first()
+            .and_then(|p| p.parse().ok())
+            .filter(|p| *p > 0)
+    }
+
+    fn recoveries(&self) -> usize {
+        status(self.c(), self.id())["recoveries"]
+            .as_array()
+            .map_or(0, Vec::len)
+    }
+
+    /// SIGKILLs the init (`pid`); returns the kill instant.
+    fn kill_init(&self, pid: i64) -> Result<Instant, Failure> {
+        crate::sigkill(pid)
+            .map(|_| Instant::now())
+            .map_err(|e| Failure::Violated(format!("SIGKILL of init {pid}: {e}")))
+    }
+
+    /// Waits for the recovery after a kill at `killed`, then checks the rewind; records the
+    /// latency (kill → the next action works).
+    fn recovered(&mut self, before: usize, killed: Instant) -> Result<String, Failure> {
+        let start = Instant::now();
+        loop {
+            if self.recoveries() > before
+                && task_row(self.c(), self.id()).get(1).map(String::as_str) == Some("RUNNING")
+            {
+                break;
+            }
+            if start.elapsed() > RECOVERY_LIMIT {
+                let st = status(self.c(), self.id());
+                return Err(Failure::Lost(format!(
+                    "no recovery within {RECOVERY_LIMIT:?}: task {:?}, status {st}, shim log: {}",
+                    task_row(self.c(), self.id()),
+                    self.c().log_lines(self.id(), 5)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let detail = self.rewound()?;
+        let ms = killed.elapsed().as_millis() as u64;
+        self.run.record(|j| j.recovery_ms.push(ms));
+        Ok(format!("{detail}; kill → next action {ms} ms"))
+    }
+
+    /// After a rewind: the log holds exactly the turns the journal position says (the turn in
+    /// flight at the checkpoint instant may or may not be in it), and the processes are intact.
+    fn rewound(&mut self) -> Result<String, Failure> {
+        self.rewinds += 1;
+        let st = status(self.c(), self.id());
+        let position = &st["position"];
+        let (Some(cp), Some(k)) = (position["checkpoint"].as_str(), position["action"].as_u64())
+        else {
+            return Err(Failure::Lost(format!(
+                "no journal position after the rewind: {st}"
+            )));
+        };
+        let instant = check::manifest(self.c(), self.id(), cp)
+            .ok()
+            .and_then(|m| m["created_unix_ms"].as_u64())
+            .unwrap_or(u64::MAX);
+        let journal = self.belayer(&["journal", "--json", self.id()]);
+        let entries: Vec<serde_json::Value> = journal
+            .stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let turn_of = |e: &serde_json::Value| -> Option<u64> {
+            let args = e["args"].as_array()?;
+            let script = args
+                .iter()
+                .filter_map(|a| a.as_str())
+                .collect::<Vec<_>>()
+                .join(" ");
+            let rest = script.split_once(": chaos-turn=")?.1;
+            rest.split(';').next()?.parse().ok()
+        };
+        let index = |e: &serde_json::Value| e["index"].as_u64().unwrap_or(u64::MAX);
+        let expected = entries
+            .iter()
+            .filter(|e| index(e) <= k && e["exit_code"].as_u64() == Some(0))
+            .filter_map(turn_of)
+            .next_back()
+            .unwrap_or(0);
+        let in_flight = entries
+            .iter()
+            .find(|e| index(e) == k + 1)
+            .filter(|e| e["started_unix_ms"].as_u64().is_some_and(|s| s <= instant))
+            .and_then(turn_of);
+        let log = self.s.exec("cat /work/log 2>/dev/null; true", None);
+        if log.code != 0 {
+            return Err(Failure::Lost(format!(
+                "the log cannot be read after the rewind: {log:?}"
+            )));
+        }
+        let numbers: Vec<u64> = log
+            .stdout
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        let m = numbers.len() as u64;
+        let consistent = (numbers.is_empty() || is_contiguous(&numbers))
+            && (m == expected || Some(m) == in_flight);
+        if !consistent {
+            return Err(Failure::Lost(format!(
+                "after the rewind to checkpoint {cp} (journal position {k}: {}), the log holds \
+                 {m} turns {:?}…, the journal says {expected} (in flight: {in_flight:?})",
+                position["reflects"],
+                &numbers[numbers.len().saturating_sub(3)..]
+            )));
+        }
+        self.processes_intact().map_err(Failure::Lost)?;
+        self.done = m;
+        Ok(format!(
+            "rewound to checkpoint {cp}, turn {m} (journal position {k})"
+        ))
+    }
+
+    /// The background process's memory digest is the one it started with, and the counter reads
+    /// exactly 1..N and goes on.
+    fn processes_intact(&self) -> Result<(), String> {
+        let (now, at_start) = self.s.holder_digests();
+        if now.is_empty() || now != at_start {
+            return Err(format!(
+                "the holder's memory changed: {now:?} vs {at_start:?}"
+            ));
+        }
+        let first = self.s.counter();
+        if !is_contiguous(&first) {
+            return Err(format!(
+                "the counter is not 1..N (memory and files disagree): …{:?}",
+                &first[first.len().saturating_sub(3)..]
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        if self.s.counter().len() <= first.len() {
+            return Err("the counter stopped".into());
+        }
+        Ok(())
+    }
+
+    /// The sandbox runs the same init as before and its processes are intact.
+    fn untouched(&self, pid: i64) -> Result<(), String> {
+        let row = task_row(self.c(), self.id());
+        if row.first().map(String::as_str) != Some(&pid.to_string())
+            || row.get(1).map(String::as_str) != Some("RUNNING")
+        {
+            return Err(format!("the sandbox changed: task {row:?}, init was {pid}"));
+        }
+        self.processes_intact()
+    }
+
+    fn inject(&mut self, kind: Kind) -> Result<Injected, Failure> {
+        let Some(pid) = self.init_pid() else {
+            return Err(Failure::Lost(format!(
+                "no running init before the fault: {:?}",
+                task_row(self.c(), self.id())
+            )));
+        };
+        match kind {
+            Kind::InitKillGap => {
+                let before = self.recoveries();
+                let killed = self.kill_init(pid)?;
+                self.recovered(before, killed).map(Injected::Yes)
+            }
+            Kind::InitKillAction => {
+                let before = self.recoveries();
+                let wait = Duration::from_millis(self.rng.range(50, 450));
+                let k = self.done + 1;
+                let s = &self.s;
+                let (out, killed) = std::thread::scope(|scope| {
+                    let turn = scope.spawn(|| s.exec(&turn_script(k), None));
+                    std::thread::sleep(wait);
+                    let finished = turn.is_finished();
+                    let killed = crate::sigkill(pid).map(|_| Instant::now());
+                    (turn.join().ok(), killed.map(|k| (k, finished)))
+                });
+                let (killed, finished) =
+                    killed.map_err(|e| Failure::Violated(format!("SIGKILL of init {pid}: {e}")))?;
+                let code = out.map_or(-1, |o| o.code);
+                self.recovered(before, killed).map(|d| {
+                    Injected::Yes(format!(
+                        "turn {k} exec exit {code}{}; {d}",
+                        if finished {
+                            " (it had ended before the kill)"
+                        } else {
+                            ""
+                        }
+                    ))
+                })
+            }
+            Kind::InitKillCheckpoint => {
+                let before = self.recoveries();
+                let (c, id) = (self.c(), self.id().to_string());
+                let (out, killed) = std::thread::scope(|scope| {
+                    let cp = scope.spawn(|| c.belayer(&["checkpoint", &id]));
+                    let mut killed = None;
+                    while !cp.is_finished() {
+                        if fault::pending_checkpoint(c, &id).is_some() {
+                            killed = Some(crate::sigkill(pid).map(|_| Instant::now()));
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    (cp.join().ok(), killed)
+                });
+                let Some(killed) = killed else {
+                    return Ok(Injected::Missed(
+                        "the checkpoint ended before it was seen".into(),
+                    ));
+                };
+                let killed =
+                    killed.map_err(|e| Failure::Violated(format!("SIGKILL of init {pid}: {e}")))?;
+                let said = out.map_or("?".into(), |o| {
+                    if o.code == 0 {
+                        format!("checkpoint {}", o.stdout.trim())
+                    } else {
+                        o.stderr.trim().to_string()
+                    }
+                });
+                self.recovered(before, killed)
+                    .map(|d| Injected::Yes(format!("the checkpoint: {said}; {d}")))
+            }
+            Kind::CriuKillDump => {
+                let (c, id) = (self.c(), self.id().to_string());
+                let init = pid.to_string();
+                let (out, killed) = std::thread::scope(|scope| {
+                    let cp = scope.spawn(|| c.belayer(&["checkpoint", &id]));
+                    let mut killed = None;
+                    while !cp.is_finished() {
+                        if let Some(criu) = fault::dumping_criu(c, &id, &init) {
+                            killed = Some(crate::sigkill(criu));
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    (cp.join().ok(), killed)
+                });
+                if !matches!(killed, Some(Ok(()))) {
+                    return Ok(Injected::Missed(format!(
+                        "no CRIU dump caught ({killed:?})"
+                    )));
+                }
+                let out = out.unwrap_or(Out {
+                    code: -1,
+                    stdout: String::new(),
+                    stderr: "panicked".into(),
+                });
+                if out.code == 0 {
+                    // CRIU had finished its part when killed: a whole checkpoint is fine.
+                    self.untouched(pid).map_err(Failure::Violated)?;
+                    return Ok(Injected::Yes(format!(
+                        "the checkpoint {} completed",
+                        out.stdout.trim()
+                    )));
+                }
+                if !out.stderr.to_lowercase().contains("criu dump of container") {
+                    return Err(Failure::Violated(format!(
+                        "unclear error: {:?}",
+                        out.stderr
+                    )));
+                }
+                self.untouched(pid).map_err(Failure::Violated)?;
+                Ok(Injected::Yes(format!("refused: {}", out.stderr.trim())))
+            }
+            Kind::RaceCheckpoint => {
+                let k = self.done + 1;
+                let (c, id, s) = (self.run.c, self.s.id.clone(), &self.s);
+                let (cp, turn) = std::thread::scope(|scope| {
+                    let cp = scope.spawn(|| c.belayer(&["checkpoint", &id]));
+                    std::thread::sleep(Duration::from_millis(20));
+                    let turn = s.exec(&turn_script(k), None);
+                    (cp.join().ok(), turn)
+                });
+                if turn.code != 0 {
+                    return Err(Failure::Lost(format!(
+                        "turn {k} beside the checkpoint failed: {}",
+                        turn.stderr.trim()
+                    )));
+                }
+                self.done = k;
+                self.executed += 1;
+                let cp = cp.unwrap_or(Out {
+                    code: -1,
+                    stdout: String::new(),
+                    stderr: "panicked".into(),
+                });
+                if cp.code == 0 {
+                    Ok(Injected::Yes(format!(
+                        "checkpoint {} beside turn {k}",
+                        cp.stdout.trim()
+                    )))
+                } else if accepted_refusal(&cp.stderr) {
+                    Ok(Injected::Yes(format!("refused: {}", cp.stderr.trim())))
+                } else {
+                    Err(Failure::Violated(format!(
+                        "checkpoint failed: {}",
+                        cp.stderr.trim()
+                    )))
+                }
+            }
+            Kind::RaceRestore => {
+                let out = self.belayer(&["restore", self.id()]);
+                if out.code != 0 {
+                    return Err(Failure::Lost(format!(
+                        "restore failed: {}",
+                        out.stderr.trim()
+                    )));
+                }
+                self.rewound().map(Injected::Yes)
+            }
+            Kind::RaceFork => {
+                let Some(newest) = check::listed(self.c(), self.id()).pop() else {
+                    return Ok(Injected::Missed("no checkpoint listed".into()));
+                };
+                let out =
+                    self.belayer(&["fork", self.id(), "--checkpoint", &newest, "--count", "1"]);
+                if out.code != 0 {
+                    return Err(Failure::Violated(format!(
+                        "fork of {newest} failed: {}",
+                        out.stderr.trim()
+                    )));
+                }
+                let fork = out.stdout.trim().to_string();
+                self.run.record(|j| j.forks.push(fork.clone()));
+                let f = Sandbox::attach(self.c(), &fork);
+                let log = f.exec("cat /work/log 2>/dev/null; true", None);
+                let numbers: Vec<u64> = log
+                    .stdout
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect();
+                let (now, start) = f.holder_digests();
+                remove(self.c(), &fork);
+                if log.code != 0 || !(numbers.is_empty() || is_contiguous(&numbers)) {
+                    return Err(Failure::Violated(format!(
+                        "fork {fork} of {newest}: log {log:?}"
+                    )));
+                }
+                if now.is_empty() || now != start {
+                    return Err(Failure::Violated(format!(
+                        "fork {fork} of {newest}: holder memory {now:?} vs {start:?}"
+                    )));
+                }
+                self.untouched(pid).map_err(Failure::Violated)?;
+                Ok(Injected::Yes(format!(
+                    "fork {fork} of {newest} at turn {}",
+                    numbers.len()
+                )))
+            }
+            Kind::RaceRm => {
+                let listed = check::listed(self.c(), self.id());
+                if listed.len() < 2 {
+                    return Ok(Injected::Missed("fewer than 2 checkpoints listed".into()));
+                }
+                let oldest = &listed[0];
+                let out = self.belayer(&["rm", self.id(), oldest]);
+                if out.code == 0 {
+                    if check::listed(self.c(), self.id()).contains(oldest) {
+                        return Err(Failure::Violated(format!(
+                            "{oldest} still listed after its rm"
+                        )));
+                    }
+                    Ok(Injected::Yes(format!("removed {oldest}")))
+                } else if accepted_refusal(&out.stderr) || out.stderr.contains("not found") {
+                    Ok(Injected::Yes(format!("refused: {}", out.stderr.trim())))
+                } else {
+                    Err(Failure::Violated(format!(
+                        "rm {oldest}: {}",
+                        out.stderr.trim()
+                    )))
+                }
+            }
+            Kind::Corrupt => self.corrupt(pid),
+        }
+    }
+
+    /// Flips a byte of the newest checkpoint's largest CRIU image: a restore of it must be
+    /// refused naming the file, with the sandbox untouched. Then a fresh checkpoint is taken (a
+    /// recovery restores the newest, and does not fall back) and the corrupt one removed.
+    fn corrupt(&mut self, pid: i64) -> Result<Injected, Failure> {
+        let Some(newest) = check::listed(self.c(), self.id()).pop() else {
+            return Ok(Injected::Missed("no checkpoint listed".into()));
+        };
+        let criu = self
+            .c()
+            .checkpoints_dir(self.id())
+            .join(&newest)
+            .join("criu");
+        let Some(file) = fault::largest_file(&criu) else {
+            return Ok(Injected::Missed(format!(
+                "{newest} went before it was corrupted"
+            )));
+        };
+        let name = fault::flip_byte(&file)
+            .map_err(|e| Failure::Violated(format!("{}: {e}", file.display())))?;
+        self.corrupted.push(newest.clone());
+        let out = self.belayer(&["restore", self.id(), "--checkpoint", &newest]);
+        if out.code == 0 {
+            return Err(Failure::Lost(format!(
+                "checkpoint {newest} with {name} corrupted was restored"
+            )));
+        }
+        if !out.stderr.contains(&name) && !out.stderr.contains("not found") {
+            return Err(Failure::Violated(format!(
+                "the refusal does not name {name}: {:?}",
+                out.stderr
+            )));
+        }
+        self.untouched(pid).map_err(Failure::Violated)?;
+        let fresh = self.belayer(&["checkpoint", self.id()]);
+        let rm = self.belayer(&["rm", self.id(), &newest]);
+        if rm.code == 0 {
+            self.corrupted.retain(|c| c != &newest);
+        }
+        Ok(Injected::Yes(format!(
+            "restore of {newest} refused: {}; fresh checkpoint: {}; rm: {}",
+            out.stderr.trim(),
+            if fresh.code == 0 {
+                fresh.stdout.trim().to_string()
+            } else {
+                fresh.stderr.trim().to_string()
+            },
+            if rm.code == 0 {
+                "done".to_string()
+            } else {
+                rm.stderr.trim().to_string()
+            }
+        )))
+    }
+
+    /// Every listed checkpoint verifies (but those corrupted on purpose); their frozen times are
+    /// recorded; the store holds no more than the retention bound.
+    fn check_store(&mut self) {
+        let listed = check::listed(self.c(), self.id());
+        let mut bad = Vec::new();
+        for cp in &listed {
+            if self.corrupted.contains(cp) || self.verified.contains(cp) {
+                continue;
+            }
+            match check::verify(self.c(), self.id(), cp) {
+                Ok(()) => {
+                    self.verified.insert(cp.clone());
+                    if let Some(us) = check::frozen_us(self.c(), self.id(), cp) {
+                        let key = (self.s.id.clone(), cp.clone());
+                        self.run.record(|j| {
+                            j.frozen_us.insert(key, us);
+                        });
+                    }
+                }
+                Err(e) => bad.push(e),
+            }
+        }
+        // A checkpoint removed meanwhile (retention) is no failure.
+        let still = check::listed(self.c(), self.id());
+        bad.retain(|e| {
+            still
+                .iter()
+                .any(|cp| e.starts_with(&format!("checkpoint {cp} of")))
+        });
+        let on_disk = check::on_disk(self.c(), self.id()).len();
+        let bound = self.retention_bound();
+        let id = self.s.id.clone();
+        self.run.record(|j| {
+            for e in bad {
+                j.violations
+                    .push(format!("listed checkpoint does not verify: {e}"));
+            }
+            if on_disk > bound {
+                j.violations.push(format!(
+                    "{id}: {on_disk} checkpoints on disk, over the retention bound {bound}"
+                ));
+            }
+        });
+    }
+
+    /// `keep`, plus the chain the running rootfs stacks on, plus one being written, plus those
+    /// corrupted on purpose and not removable.
+    fn retention_bound(&self) -> usize {
+        let st = status(self.c(), self.id());
+        let chain = st["position"]["checkpoint"]
+            .as_str()
+            .and_then(|cp| check::manifest(self.c(), self.id(), cp).ok())
+            .and_then(|m| m["fs_chain"].as_array().map(Vec::len))
+            .unwrap_or(0);
+        self.run.cfg.keep as usize + chain + 1 + self.corrupted.len()
+    }
+}
+
+/// An error Belayer documents for a request that meets another: "already in progress", a task
+/// in vfork or uninterruptible I/O, the frozen bound (try again), a checkpoint in use.
+fn accepted_refusal(stderr: &str) -> bool {
+    [
+        "in progress",
+        "vfork",
+        "uninterruptible",
+        "try again",
+        "in use",
+    ]
+    .iter()
+    .any(|r| stderr.to_lowercase().contains(r))
+}
+
+enum Injected {
+    Yes(String),
+    Missed(String),
+}
+
+enum Failure {
+    Violated(String),
+    Lost(String),
+}
+
+/// The last check of a sandbox that ran to the end: its state and its checkpoints.
+pub fn final_check(run: &Run, id: &str) {
+    let s = Sandbox::attach(run.c, id);
+    let log = s.exec("cat /work/log 2>/dev/null; true", None);
+    let numbers: Vec<u64> = log
+        .stdout
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    let mut problems = Vec::new();
+    if !(numbers.is_empty() || is_contiguous(&numbers)) {
+        problems.push(format!("{id}: the log at the end is not 1..N: {log:?}"));
+    }
+    let (now, start) = s.holder_digests();
+    if now.is_empty() || now != start {
+        problems.push(format!(
+            "{id}: holder memory at the end {now:?} vs {start:?}"
+        ));
+    }
+    for cp in check::listed(run.c, id) {
+        if let Some(us) = check::frozen_us(run.c, id, &cp) {
+            run.record(|j| {
+                j.frozen_us.insert((id.to_string(), cp.clone()), us);
+            });
+        }
+    }
+    run.record(|j| j.violations.extend(problems));
+}
+
+/// `ctr tasks ls`'s columns after the id (pid, status); empty when not listed.
+pub fn task_row(c: &Containerd, id: &str) -> Vec<String> {
+    c.ctr(&["tasks", "ls"])
+        .stdout
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(id))
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(str::to_string)
+        .collect()
+}
+
+fn status(c: &Containerd, id: &str) -> serde_json::Value {
+    serde_json::from_str(&c.belayer(&["status", id]).stdout).unwrap_or_default()
+}
+
+/// Kills and removes container `id` (task and container), tolerating either being gone.
+pub fn remove(c: &Containerd, id: &str) {
+    let _ = c.ctr(&["tasks", "kill", "-s", "9", id]);
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(20) {
+        match task_row(c, id).get(1).map(String::as_str) {
+            None | Some("STOPPED") => break,
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    let _ = c.ctr(&["tasks", "rm", "-f", id]);
+    let _ = c.ctr(&["containers", "rm", id]);
+}
