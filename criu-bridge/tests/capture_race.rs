@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::require_root;
+use common::{mount_fresh, require_root};
 use criu_bridge::layer::capture_layer;
 
 const SECRET: &[u8] = b"HOST-SECRET-7f3a9c1e-never-in-a-layer";
@@ -104,32 +104,34 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-#[test]
-fn swapping_a_dir_for_a_symlink_never_puts_host_bytes_in_a_layer() {
-    require_root();
-    let tmp = tempfile::tempdir().unwrap();
-    let base = tmp.path();
-    let upper = base.join("upper");
+/// Makes the host dir (the secret under the same name as the upper's file, and more) and, through
+/// `view` (the upper itself or the container's merged overlay), `d/f` and the symlink `swap` to
+/// the host dir. Returns the host dir.
+fn setup(base: &Path, view: &Path) -> PathBuf {
     let outside = base.join("outside");
-    let layers = base.join("layers");
-    std::fs::create_dir_all(upper.join("d")).unwrap();
-    std::fs::create_dir_all(&outside).unwrap();
-    std::fs::create_dir_all(&layers).unwrap();
-    std::fs::write(upper.join("d/f"), INSIDE).unwrap();
-    // The host dir has a file of the same name as the upper's and some of its own.
+    std::fs::create_dir_all(outside.join("host_dir")).unwrap();
     std::fs::write(outside.join("f"), SECRET).unwrap();
     std::fs::write(outside.join("host_secret"), SECRET).unwrap();
-    std::fs::create_dir(outside.join("host_dir")).unwrap();
     std::fs::write(outside.join("host_dir/f"), SECRET).unwrap();
-    std::os::unix::fs::symlink(&outside, upper.join("swap")).unwrap();
-    // Every other capture is incremental, on the index of a capture before the race.
-    let (clean, _) = capture_layer(&upper, None, &layers.join("clean")).unwrap();
-    assert!(layer_problems(&layers.join("clean"), &outside).is_empty());
+    std::fs::create_dir_all(view.join("d")).unwrap();
+    std::fs::write(view.join("d/f"), INSIDE).unwrap();
+    std::os::unix::fs::symlink(&outside, view.join("swap")).unwrap();
+    outside
+}
+
+/// Captures `upper` up to `max` times (`MAX_TIME` at most), every other capture incremental,
+/// while a thread exchanges `view`/d and `view`/swap; fails on any host byte in a layer, an
+/// inconsistent full layer, or an error other than "changed during capture".
+fn race(base: &Path, upper: &Path, view: &Path, outside: &Path, max: u32) {
+    let layers = base.join("layers");
+    std::fs::create_dir_all(&layers).unwrap();
+    let (clean, _) = capture_layer(upper, None, &layers.join("clean")).unwrap();
+    assert!(layer_problems(&layers.join("clean"), outside).is_empty());
 
     let stop = Arc::new(AtomicBool::new(false));
     let swaps = Arc::new(AtomicU64::new(0));
     let racer = {
-        let (a, b) = (upper.join("d"), upper.join("swap"));
+        let (a, b) = (view.join("d"), view.join("swap"));
         let (stop, swaps) = (stop.clone(), swaps.clone());
         std::thread::spawn(move || swapper(a, b, stop, swaps))
     };
@@ -137,15 +139,15 @@ fn swapping_a_dir_for_a_symlink_never_puts_host_bytes_in_a_layer() {
     let start = Instant::now();
     let (mut ok, mut refused, mut bad) = (0u32, 0u32, Vec::new());
     let mut i = 0;
-    while i < MAX_CAPTURES && start.elapsed() < MAX_TIME {
+    while i < max && start.elapsed() < MAX_TIME {
         let layer = layers.join(format!("L{i}"));
         let parent = (i % 2 == 1).then_some(&clean);
-        match capture_layer(&upper, parent, &layer) {
+        match capture_layer(upper, parent, &layer) {
             Ok(_) => {
                 ok += 1;
                 // An incremental layer holds only what changed: check it for host bytes.
                 bad.extend(
-                    layer_problems(&layer, &outside)
+                    layer_problems(&layer, outside)
                         .into_iter()
                         .filter(|p| parent.is_none() || p.contains("host") || p.contains("secret")),
                 );
@@ -166,7 +168,7 @@ fn swapping_a_dir_for_a_symlink_never_puts_host_bytes_in_a_layer() {
                 // A refused capture may leave a partial layer: it must hold no host byte either.
                 if layer.exists() {
                     bad.extend(
-                        layer_problems(&layer, &outside)
+                        layer_problems(&layer, outside)
                             .into_iter()
                             .filter(|p| p.contains("host") || p.contains("secret")),
                     );
@@ -182,11 +184,33 @@ fn swapping_a_dir_for_a_symlink_never_puts_host_bytes_in_a_layer() {
     racer.join().unwrap();
     let swaps = swaps.load(Ordering::Relaxed);
     eprintln!(
-        "capture race: {i} captures in {:?}: {ok} succeeded, {refused} refused as changed during capture, {swaps} swaps",
+        "capture race through {}: {i} captures in {:?}: {ok} succeeded, {refused} refused as changed during capture, {swaps} swaps",
+        view.display(),
         start.elapsed()
     );
     let problems = bad.len();
     bad.truncate(20);
-    assert!(bad.is_empty(), "{} problems:\n{}", problems, bad.join("\n"));
+    assert!(bad.is_empty(), "{problems} problems:\n{}", bad.join("\n"));
     assert!(swaps > 0, "the racer never swapped");
+}
+
+#[test]
+fn swapping_a_dir_for_a_symlink_never_puts_host_bytes_in_a_layer() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let upper = tmp.path().join("upper");
+    let outside = setup(tmp.path(), &upper);
+    race(tmp.path(), &upper, &upper, &outside, MAX_CAPTURES);
+}
+
+/// The same race as a pod sibling runs it: through the container's merged overlay view.
+#[test]
+fn swapping_through_the_overlay_never_puts_host_bytes_in_a_layer() {
+    require_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let lower = tmp.path().join("lower");
+    std::fs::create_dir_all(&lower).unwrap();
+    let (_guard, upper, merged) = mount_fresh(tmp.path(), "c", &[lower]);
+    let outside = setup(tmp.path(), &merged);
+    race(tmp.path(), &upper, &merged, &outside, MAX_CAPTURES / 2);
 }
