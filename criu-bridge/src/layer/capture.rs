@@ -224,7 +224,6 @@ fn check_same(fd: BorrowedFd<'_>, scanned: &Stat, path: &Path) -> Result<(), Cap
     if now.same_node(scanned) {
         Ok(())
     } else {
-        tracing::warn!(path = %path.display(), scanned_ino = scanned.ino, ino = now.ino, "upper node changed during capture");
         Err(CaptureError::Changed {
             path: path.into(),
             source: None,
