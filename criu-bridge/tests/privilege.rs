@@ -10,7 +10,7 @@ use std::process::Command;
 
 use common::Container;
 use criu_bridge::criu::PrivilegeError;
-use criu_bridge::criu::images::{self, CORE_MAGIC, CredsEntry};
+use criu_bridge::criu::images::{self, CORE_MAGIC, CredsEntry, IDS_MAGIC};
 use criu_bridge::runc::{CriuOptions, RestoreStdio};
 use criu_bridge::{CheckpointRequest, RestoreError, RestoreRequest, Store, checkpoint_container};
 use prost::Message;
@@ -99,6 +99,22 @@ fn forge(core_img: &[u8], edit: impl Fn(&mut CredsEntry), seccomp_mode: Option<u
     out
 }
 
+/// Rewrites a real ids image: its task's network namespace id becomes `net_ns_id`; every other
+/// field is kept.
+fn forge_net_ns(ids_img: &[u8], net_ns_id: u32) -> Vec<u8> {
+    let (head, rest) = ids_img.split_at(8);
+    assert_eq!(u32::from_le_bytes(head[4..].try_into().unwrap()), IDS_MAGIC);
+    let mut ids = fields(&rest[4..]);
+    let net = ids.iter_mut().find(|f| f.0 == 6).expect("net_ns_id");
+    net.2.clear();
+    encode_varint(net_ns_id.into(), &mut net.2);
+    let body = encode(&ids);
+    let mut out = head.to_vec();
+    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
 /// Starts `c` again under a spec with a seccomp filter (runc's default spec has none).
 fn rerun_with_seccomp(c: &Container, base: &Path) {
     c.kill(&c.id);
@@ -170,6 +186,13 @@ fn a_capability_raised_core_image_is_refused_and_the_real_one_restores() {
     assert!(creds.cap_amb.iter().all(|&w| w == 0));
     assert_eq!(creds.no_new_privs, Some(1));
     assert_eq!(th.seccomp_mode, Some(2));
+    // runc's spec gives the container new namespaces: none is the one CRIU dumped from.
+    let host = images::read_inventory(&dir).unwrap().root_ids.unwrap();
+    let ids = images::read_ids(&dir, pid).unwrap().unwrap();
+    for kind in ["pid", "network", "ipc", "uts", "mount"] {
+        assert_ne!(ids.of(kind), host.of(kind), "{kind}");
+        assert!(ids.of(kind).is_some(), "{kind}");
+    }
     criu_bridge::check_privilege(&dir, &c.bundle).unwrap();
 
     // A bundle to restore into, under another id, with the same spec.
@@ -242,6 +265,20 @@ fn a_capability_raised_core_image_is_refused_and_the_real_one_restores() {
         assert!(!work.exists(), "{field}: nothing is written");
         assert_eq!(c.status(id), None, "{field}: no container");
     }
+    // The root task's ids rewritten to the namespace CRIU dumped from: restored in the node's.
+    std::fs::write(&core_path, &real).unwrap();
+    let ids_path = dir.join(format!("ids-{pid}.img"));
+    let real_ids = std::fs::read(&ids_path).unwrap();
+    std::fs::write(&ids_path, forge_net_ns(&real_ids, host.net_ns_id.unwrap())).unwrap();
+    let msg = criu_bridge_error_chain(&restore().unwrap_err());
+    eprintln!("net_ns_id: {msg}");
+    assert!(
+        msg.contains(&format!("task {pid} (sh, thread {pid})")) && msg.contains("net_ns_id"),
+        "{msg}"
+    );
+    assert!(!work.exists(), "nothing is written");
+    std::fs::write(&ids_path, &real_ids).unwrap();
+
     let all_raised = forge(&real, raise, Some(0));
     std::fs::write(&core_path, &all_raised).unwrap();
     let msg = criu_bridge_error_chain(&restore().unwrap_err());

@@ -1,6 +1,6 @@
 //! A bounded reader for the few CRIU images that decide what a restored task may do: the process
-//! tree (`pstree.img`), each thread's core (`core-<tid>.img`: credentials, seccomp mode, comm) and
-//! the mount table (`mountpoints-<id>.img`). Only the fields Belayer checks are modelled; the
+//! tree (`pstree.img`), each thread's core (`core-<tid>.img`: credentials, seccomp mode, comm), the namespaces of
+//! each task (`ids-<pid>.img`, `inventory.img`) and the mount table (`mountpoints-<id>.img`). Only the fields Belayer checks are modelled; the
 //! tags are those of CRIU's `images/*.proto` (CRIU 4.x), unknown fields are skipped.
 //!
 //! An image file is a head magic (`IMG_COMMON_MAGIC`; absent in CRIU's v1 images), the image's
@@ -13,6 +13,10 @@ use std::path::{Path, PathBuf};
 
 /// `IMG_COMMON_MAGIC` of `criu/include/magic.h`: heads every non-service image.
 pub const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
+/// `INVENTORY_MAGIC` (the inventory has no head magic).
+pub const INVENTORY_MAGIC: u32 = 0x5831_3116;
+/// `IDS_MAGIC`.
+pub const IDS_MAGIC: u32 = 0x5443_2030;
 /// `PSTREE_MAGIC`.
 pub const PSTREE_MAGIC: u32 = 0x5027_3030;
 /// `CORE_MAGIC`.
@@ -177,6 +181,61 @@ pub struct TaskCoreEntry {
     /// The seccomp mode of images written before it was per thread.
     #[prost(int32, optional, tag = "11")]
     pub old_seccomp_mode: Option<i32>,
+}
+
+/// `task_kobj_ids_entry` of `core.proto`: the namespaces a task is in, as CRIU's ids.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TaskKobjIdsEntry {
+    /// Pid namespace.
+    #[prost(uint32, optional, tag = "5")]
+    pub pid_ns_id: Option<u32>,
+    /// Network namespace.
+    #[prost(uint32, optional, tag = "6")]
+    pub net_ns_id: Option<u32>,
+    /// IPC namespace.
+    #[prost(uint32, optional, tag = "7")]
+    pub ipc_ns_id: Option<u32>,
+    /// UTS namespace.
+    #[prost(uint32, optional, tag = "8")]
+    pub uts_ns_id: Option<u32>,
+    /// Mount namespace.
+    #[prost(uint32, optional, tag = "9")]
+    pub mnt_ns_id: Option<u32>,
+    /// User namespace.
+    #[prost(uint32, optional, tag = "10")]
+    pub user_ns_id: Option<u32>,
+    /// Cgroup namespace.
+    #[prost(uint32, optional, tag = "11")]
+    pub cgroup_ns_id: Option<u32>,
+    /// Time namespace.
+    #[prost(uint32, optional, tag = "12")]
+    pub time_ns_id: Option<u32>,
+}
+
+impl TaskKobjIdsEntry {
+    /// The id of namespace `kind` (an OCI namespace type: `pid`, `network`, ...).
+    pub fn of(&self, kind: &str) -> Option<u32> {
+        match kind {
+            "pid" => self.pid_ns_id,
+            "network" => self.net_ns_id,
+            "ipc" => self.ipc_ns_id,
+            "uts" => self.uts_ns_id,
+            "mount" => self.mnt_ns_id,
+            "user" => self.user_ns_id,
+            "cgroup" => self.cgroup_ns_id,
+            "time" => self.time_ns_id,
+            _ => None,
+        }
+    }
+}
+
+/// `inventory_entry` of `inventory.proto`, the field checked.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct InventoryEntry {
+    /// The namespaces CRIU itself was in at dump time: a task whose id equals one of these is
+    /// restored in the restoring CRIU's (the host's) namespace of that kind.
+    #[prost(message, optional, tag = "3")]
+    pub root_ids: Option<TaskKobjIdsEntry>,
 }
 
 /// `core_entry` of `core.proto`, the fields checked.
@@ -346,6 +405,27 @@ pub fn encode_entries<M: prost::Message>(magic: u32, entries: &[M]) -> Vec<u8> {
         out.extend_from_slice(&body);
     }
     out
+}
+
+/// The inventory (`dir/inventory.img`: one entry).
+pub fn read_inventory(dir: &Path) -> Result<InventoryEntry, ImageError> {
+    let path = dir.join("inventory.img");
+    read_entries::<InventoryEntry>(&path, INVENTORY_MAGIC)?
+        .into_iter()
+        .next()
+        .ok_or(ImageError::Empty { path })
+}
+
+/// The namespaces of task `pid` (`dir/ids-<pid>.img`), `None` where the image is absent (CRIU
+/// then restores the task in its parent's).
+pub fn read_ids(dir: &Path, pid: u32) -> Result<Option<TaskKobjIdsEntry>, ImageError> {
+    let path = dir.join(format!("ids-{pid}.img"));
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Ok(None);
+    }
+    Ok(read_entries::<TaskKobjIdsEntry>(&path, IDS_MAGIC)?
+        .into_iter()
+        .next())
 }
 
 /// The tasks of `dir/pstree.img`.

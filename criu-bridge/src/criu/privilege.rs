@@ -5,7 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::images::{self, CredsEntry, ImageError, MntEntry, SECCOMP_MODE_FILTER};
+use super::images::{
+    self, CredsEntry, ImageError, MntEntry, SECCOMP_MODE_FILTER, TaskKobjIdsEntry,
+};
 
 /// The capability names of `linux/capability.h`, by number.
 const CAP_NAMES: [&str; 41] = [
@@ -147,6 +149,8 @@ pub struct Grant {
     pub readonly: Vec<String>,
     /// `linux.devices` paths (runc bind-mounts device nodes in a user namespace).
     pub devices: Vec<String>,
+    /// The `linux.namespaces` types the container gets new (no `path`): `network`, `pid`, ...
+    pub new_namespaces: Vec<String>,
 }
 
 const CAP_SETS: [(&str, &str); 5] = [
@@ -220,6 +224,13 @@ impl Grant {
             .flatten()
             .filter_map(|d| d["path"].as_str().map(normalize))
             .collect();
+        let new_namespaces = spec["linux"]["namespaces"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|n| n["path"].as_str().is_none_or(str::is_empty))
+            .filter_map(|n| n["type"].as_str().map(String::from))
+            .collect();
         Grant {
             uid: u32_of(&p["user"]["uid"]).unwrap_or(0),
             gids,
@@ -232,6 +243,7 @@ impl Grant {
             masked: strings(&spec["linux"]["maskedPaths"]),
             readonly: strings(&spec["linux"]["readonlyPaths"]),
             devices,
+            new_namespaces,
         }
     }
 
@@ -527,11 +539,55 @@ pub fn check_mounts(
     Ok(())
 }
 
+/// Checks that task `pid` is, for every namespace kind the spec creates, in a namespace other
+/// than `host` (the one CRIU dumped from, `inventory.img`'s `root_ids`): CRIU restores a task
+/// whose id equals the host's into the restoring CRIU's own namespace, the node's.
+pub fn check_namespaces(
+    grant: &Grant,
+    pid: u32,
+    comm: &str,
+    ids: Option<&TaskKobjIdsEntry>,
+    host: &TaskKobjIdsEntry,
+) -> Result<(), PrivilegeError> {
+    for kind in &grant.new_namespaces {
+        let field = match kind.as_str() {
+            "pid" => "pid_ns_id",
+            "network" => "net_ns_id",
+            "ipc" => "ipc_ns_id",
+            "uts" => "uts_ns_id",
+            "mount" => "mnt_ns_id",
+            "user" => "user_ns_id",
+            "cgroup" => "cgroup_ns_id",
+            "time" => "time_ns_id",
+            _ => continue,
+        };
+        let own = ids.and_then(|i| i.of(kind));
+        let found = match own {
+            None => "not recorded".to_string(),
+            Some(id) if host.of(kind) == Some(id) => format!("{id}, the node's {kind} namespace"),
+            Some(_) => continue,
+        };
+        return Err(PrivilegeError::Task {
+            pid,
+            tid: pid,
+            comm: comm.into(),
+            field,
+            found,
+            allowed: format!("a {kind} namespace of the container's own"),
+        });
+    }
+    Ok(())
+}
+
 /// Checks every task of the CRIU images in `image_dir` against `grant`. Reads `pstree.img`,
-/// each thread's `core-<tid>.img` and the `mountpoints-*.img`; any image that is missing or
+/// each thread's `core-<tid>.img`, each task's `ids-<pid>.img`, `inventory.img` and the
+/// `mountpoints-*.img`; any image that is missing or
 /// malformed refuses the restore.
 pub fn check_images(image_dir: &Path, grant: &Grant) -> Result<(), PrivilegeError> {
     let tasks = images::read_pstree(image_dir)?;
+    let host = images::read_inventory(image_dir)?
+        .root_ids
+        .unwrap_or_default();
     let mut threads = 0usize;
     for task in &tasks {
         let tids: Vec<u32> = match task.threads.is_empty() {
@@ -576,6 +632,12 @@ pub fn check_images(image_dir: &Path, grant: &Grant) -> Result<(), PrivilegeErro
                     seccomp_mode: th.seccomp_mode.or(task_seccomp).unwrap_or(0),
                 },
             )?;
+        }
+        // A task without ids is restored in its parent's namespaces; the root task has them.
+        let ids = images::read_ids(image_dir, task.pid)?;
+        if ids.is_some() || task.ppid == 0 {
+            let comm = task_comm.as_deref().unwrap_or("comm unknown");
+            check_namespaces(grant, task.pid, comm, ids.as_ref(), &host)?;
         }
     }
     for (image, mounts) in images::read_mounts(image_dir)? {
@@ -794,6 +856,40 @@ mod tests {
             ..all
         };
         assert_eq!(field(check(&g, &unconfined, 2)), "lsm_profile");
+    }
+
+    #[test]
+    fn spec_namespaces_are_not_the_nodes() {
+        let mut s = spec();
+        s["linux"]["namespaces"] = serde_json::json!([
+            {"type": "pid"}, {"type": "network", "path": "/var/run/netns/pod"}, {"type": "mount"},
+        ]);
+        let g = Grant::from_spec(&s);
+        assert_eq!(g.new_namespaces, ["pid", "mount"]);
+        let host = TaskKobjIdsEntry {
+            pid_ns_id: Some(1),
+            net_ns_id: Some(2),
+            mnt_ns_id: Some(3),
+            ..Default::default()
+        };
+        let own = TaskKobjIdsEntry {
+            pid_ns_id: Some(11),
+            net_ns_id: Some(2),
+            mnt_ns_id: Some(13),
+            ..Default::default()
+        };
+        // The network namespace is joined by path: the node's id is no concern here.
+        check_namespaces(&g, 7, "sh", Some(&own), &host).unwrap();
+        let in_host_pid = TaskKobjIdsEntry {
+            pid_ns_id: Some(1),
+            ..own.clone()
+        };
+        let r = check_namespaces(&g, 7, "sh", Some(&in_host_pid), &host);
+        assert_eq!(field(r), "pid_ns_id");
+        assert_eq!(
+            field(check_namespaces(&g, 7, "sh", None, &host)),
+            "pid_ns_id"
+        );
     }
 
     fn mnt(fstype: u32, mountpoint: &str, flags: u32) -> MntEntry {
