@@ -882,6 +882,23 @@ fn an_import_is_claimed_by_the_importer_and_stacks_only_on_itself() {
         "{err}"
     );
 
+    // A CRIU image that is a symlink to a host file.
+    let s = staging();
+    let criu = s.load("default", "c1", 1).unwrap().criu_dir();
+    fs::remove_file(criu.join("pages-1.img")).unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", criu.join("pages-1.img")).unwrap();
+    let err = s.claim("default", "importer", &image).unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            StoreError::Unconfined {
+                what: "CRIU image",
+                ..
+            }
+        ),
+        "{err}"
+    );
+
     // An id past 2^32 beside the chain.
     let s = staging();
     let huge = s.container_dir("default", "c1").unwrap().join("4294967296");

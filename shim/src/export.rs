@@ -310,6 +310,8 @@ fn import(
     let archive = path.join(CHAIN_ARCHIVE);
     if !archive.is_file() {
         if path.join(CRIU_INVENTORY).is_file() {
+            // Regular files only: a symlink would feed a host file to CRIU as an image.
+            flat_files(path)?;
             return Ok(Imported::Runc(RuncImages {
                 dir: path.to_path_buf(),
                 remove: how == Placing::Take,
@@ -598,6 +600,17 @@ mod tests {
             assert_eq!(dir.path().exists(), !remove, "{how:?}");
         }
         assert_eq!(std::fs::read_dir(store.root()).unwrap().count(), 0);
+    }
+
+    /// runc's images (a runc-made CRI archive) with a symlink to a host file among them: refused,
+    /// for CRIU would read that file as an image.
+    #[test]
+    fn runc_s_images_are_regular_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(CRIU_INVENTORY), b"criu").unwrap();
+        std::os::unix::fs::symlink("/etc/shadow", dir.path().join("pages-1.img")).unwrap();
+        let e = import_error(dir.path());
+        assert!(e.contains("pages-1.img is not a regular file"), "{e}");
     }
 
     #[test]

@@ -15,8 +15,10 @@ impl Store {
     /// `namespace/container`, stacked on `image_lowers` (the image snapshot of the container
     /// being created, newest first). Refused, before anything moves: another number of chains
     /// than one, a symlink where a dir of the store layout belongs, an entry that is not a
-    /// checkpoint named by an id below [`MAX_SEQ`], a manifest whose paths leave its dir, a
-    /// chain member the archive lacks, another number of image lower dirs than the snapshot's.
+    /// checkpoint named by an id below [`MAX_SEQ`], a manifest whose paths leave its dir, CRIU
+    /// images that are not regular files (a symlink would feed a host file to CRIU as a memory
+    /// image, or take the images copied in), a chain member the archive lacks, another number of
+    /// image lower dirs than the snapshot's.
     /// Then the chain moves to its new name and every manifest is rewritten with the owner and
     /// image lower dirs given.
     pub fn claim(
@@ -37,6 +39,7 @@ impl Store {
             check_beneath(self.root(), "manifest", &rel)?;
             let dir = from.join(seq.to_string());
             let cp = Checkpoint::open(&dir)?;
+            only_files(&cp.criu_dir())?;
             let m = &cp.manifest;
             if m.seq != seq {
                 return Err(StoreError::Mismatch {
@@ -108,6 +111,27 @@ impl Store {
             }),
         }
     }
+}
+
+/// Refuses anything but regular files in the CRIU image dir `dir` (absent is fine: an export
+/// keeps its newest checkpoint's images beside the archive).
+fn only_files(dir: &Path) -> Result<(), StoreError> {
+    let rd = match fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        r => r.map_err(|e| StoreError::io("read", dir, e))?,
+    };
+    for e in rd {
+        let e = e.map_err(|e| StoreError::io("read", dir, e))?;
+        if !e.file_type().is_ok_and(|t| t.is_file()) {
+            return Err(StoreError::Unconfined {
+                base: dir.into(),
+                what: "CRIU image",
+                path: e.file_name().to_string_lossy().into_owned(),
+                why: "is not a regular file",
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The checkpoint ids of the container dir `dir`, every entry a real dir named by an id in
