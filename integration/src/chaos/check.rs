@@ -59,6 +59,27 @@ pub fn verify(c: &Containerd, id: &str, cp: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// [`verify`], looked at again (up to twice, 300 ms apart) when it fails: a compaction swaps a
+/// checkpoint's dir for a merged one (`RENAME_EXCHANGE`) and removes the old one, which a
+/// `sha256sum` begun in the old dir then finds half gone. A failure that stays is real.
+pub fn verify_settled(c: &Containerd, id: &str, cp: &str) -> Result<(), String> {
+    let mut result = verify(c, id, cp);
+    for _ in 0..2 {
+        if result.is_ok() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        result = verify(c, id, cp);
+    }
+    result
+}
+
+/// The manifest's size and modification time: what changes when a compaction rewrites it.
+pub fn manifest_stamp(c: &Containerd, id: &str, cp: &str) -> Option<(u64, std::time::SystemTime)> {
+    let m = std::fs::metadata(c.checkpoints_dir(id).join(cp).join("manifest.json")).ok()?;
+    Some((m.len(), m.modified().ok()?))
+}
+
 /// `sha256sum` of `paths` relative to `dir`: path → hex digest (missing files are absent).
 fn sha256sums<'a>(
     dir: &Path,

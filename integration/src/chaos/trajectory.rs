@@ -243,15 +243,23 @@ impl Traj<'_, '_> {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        let detail = self.rewound()?;
+        let since = status(self.c(), self.id())["recoveries"]
+            .as_array()
+            .and_then(|r| r.last()?["at_unix_ms"].as_u64())
+            .unwrap_or(0);
+        let detail = self.rewound(since)?;
         let ms = killed.elapsed().as_millis() as u64;
         self.run.record(|j| j.recovery_ms.push(ms));
         Ok(format!("{detail}; kill → next action {ms} ms"))
     }
 
-    /// After a rewind: the log holds exactly the turns the journal position says (the turn in
-    /// flight at the checkpoint instant may or may not be in it), and the processes are intact.
-    fn rewound(&mut self) -> Result<String, Failure> {
+    /// After a rewind (a restore begun at `since_ms`, Unix ms): the log holds exactly the turns
+    /// the journal says — those up to the position the restored checkpoint reflects, then those
+    /// that ran in the restored sandbox (an exec sent as the init died waits for the recovery and
+    /// runs there) — and the processes are intact. An exec that ran across the checkpoint instant
+    /// is in no checkpoint (`uncaptured_execs`), but what it wrote before the freeze is: that
+    /// turn may be in the log too.
+    fn rewound(&mut self, since_ms: u64) -> Result<String, Failure> {
         self.rewinds += 1;
         let st = status(self.c(), self.id());
         let position = &st["position"];
@@ -261,56 +269,54 @@ impl Traj<'_, '_> {
                 "no journal position after the rewind: {st}"
             )));
         };
-        let instant = check::manifest(self.c(), self.id(), cp)
+        let uncaptured: Vec<String> = check::manifest(self.c(), self.id(), cp)
             .ok()
-            .and_then(|m| m["created_unix_ms"].as_u64())
-            .unwrap_or(u64::MAX);
+            .and_then(|m| m["uncaptured_execs"].as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|u| u["exec_id"].as_str().map(str::to_string))
+            .collect();
         let journal = self.belayer(&["journal", "--json", self.id()]);
         let entries: Vec<serde_json::Value> = journal
             .stdout
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect();
-        let turn_of = |e: &serde_json::Value| -> Option<u64> {
-            let args = e["args"].as_array()?;
-            let script = args
-                .iter()
-                .filter_map(|a| a.as_str())
-                .collect::<Vec<_>>()
-                .join(" ");
-            let rest = script.split_once(": chaos-turn=")?.1;
-            rest.split(';').next()?.parse().ok()
-        };
         let index = |e: &serde_json::Value| e["index"].as_u64().unwrap_or(u64::MAX);
-        let expected = entries
+        let ok = |e: &&serde_json::Value| e["exit_code"].as_u64() == Some(0);
+        let at_position = entries
             .iter()
-            .filter(|e| index(e) <= k && e["exit_code"].as_u64() == Some(0))
+            .filter(|e| index(e) <= k)
+            .filter(ok)
             .filter_map(turn_of)
             .next_back()
             .unwrap_or(0);
-        let in_flight = entries
+        let ran_after = entries
             .iter()
-            .find(|e| index(e) == k + 1)
-            .filter(|e| e["started_unix_ms"].as_u64().is_some_and(|s| s <= instant))
-            .and_then(turn_of);
-        let log = self.s.exec("cat /work/log 2>/dev/null; true", None);
-        if log.code != 0 {
-            return Err(Failure::Lost(format!(
-                "the log cannot be read after the rewind: {log:?}"
-            )));
-        }
-        let numbers: Vec<u64> = log
-            .stdout
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect();
+            .filter(|e| index(e) > k)
+            .filter(|e| e["started_unix_ms"].as_u64().is_some_and(|s| s >= since_ms))
+            .filter(ok)
+            .filter_map(turn_of)
+            .next_back();
+        let expected = ran_after.unwrap_or(at_position);
+        let across = entries
+            .iter()
+            .filter(|e| {
+                e["exec_id"]
+                    .as_str()
+                    .is_some_and(|x| uncaptured.iter().any(|u| u == x))
+            })
+            .filter_map(turn_of)
+            .max()
+            .filter(|_| ran_after.is_none());
+        let numbers = read_log(&self.s).map_err(Failure::Lost)?;
         let m = numbers.len() as u64;
-        let consistent = (numbers.is_empty() || is_contiguous(&numbers))
-            && (m == expected || Some(m) == in_flight);
+        let consistent =
+            (numbers.is_empty() || is_contiguous(&numbers)) && (m == expected || Some(m) == across);
         if !consistent {
             return Err(Failure::Lost(format!(
                 "after the rewind to checkpoint {cp} (journal position {k}: {}), the log holds \
-                 {m} turns {:?}…, the journal says {expected} (in flight: {in_flight:?})",
+                 {m} turns {:?}…, the journal says {expected} (turn across the instant: {across:?})",
                 position["reflects"],
                 &numbers[numbers.len().saturating_sub(3)..]
             )));
@@ -428,6 +434,8 @@ impl Traj<'_, '_> {
                     .map(|d| Injected::Yes(format!("the checkpoint: {said}; {d}")))
             }
             Kind::CriuKillDump => {
+                let before = self.recoveries();
+                let killed_at = Instant::now();
                 let (c, id) = (self.c(), self.id().to_string());
                 let init = pid.to_string();
                 let (out, killed) = std::thread::scope(|scope| {
@@ -452,6 +460,18 @@ impl Traj<'_, '_> {
                     stdout: String::new(),
                     stderr: "panicked".into(),
                 });
+                if out.stderr.contains("died during the checkpoint")
+                    || self.recoveries() > before
+                    || self.init_pid() != Some(pid)
+                {
+                    // Claimed otherwise (tests/checkpoint_errors.rs): the processes run on. The
+                    // sandbox recovers; the trajectory goes on from there.
+                    let recovered = self.recovered(before, killed_at)?;
+                    return Err(Failure::Violated(format!(
+                        "the sandbox died when CRIU was killed mid-dump ({}); {recovered}",
+                        out.stderr.trim()
+                    )));
+                }
                 if out.code == 0 {
                     // CRIU had finished its part when killed: a whole checkpoint is fine.
                     self.untouched(pid).map_err(Failure::Violated)?;
@@ -506,6 +526,7 @@ impl Traj<'_, '_> {
                 }
             }
             Kind::RaceRestore => {
+                let since = unix_ms();
                 let out = self.belayer(&["restore", self.id()]);
                 if out.code != 0 {
                     return Err(Failure::Lost(format!(
@@ -513,7 +534,7 @@ impl Traj<'_, '_> {
                         out.stderr.trim()
                     )));
                 }
-                self.rewound().map(Injected::Yes)
+                self.rewound(since).map(Injected::Yes)
             }
             Kind::RaceFork => {
                 let Some(newest) = check::listed(self.c(), self.id()).pop() else {
@@ -530,17 +551,13 @@ impl Traj<'_, '_> {
                 let fork = out.stdout.trim().to_string();
                 self.run.record(|j| j.forks.push(fork.clone()));
                 let f = Sandbox::attach(self.c(), &fork);
-                let log = f.exec("cat /work/log 2>/dev/null; true", None);
-                let numbers: Vec<u64> = log
-                    .stdout
-                    .lines()
-                    .filter_map(|l| l.trim().parse().ok())
-                    .collect();
+                let log = read_log(&f);
                 let (now, start) = f.holder_digests();
                 remove(self.c(), &fork);
-                if log.code != 0 || !(numbers.is_empty() || is_contiguous(&numbers)) {
+                let numbers = log.map_err(|e| Failure::Violated(format!("fork {fork}: {e}")))?;
+                if !(numbers.is_empty() || is_contiguous(&numbers)) {
                     return Err(Failure::Violated(format!(
-                        "fork {fork} of {newest}: log {log:?}"
+                        "fork {fork} of {newest}: log {numbers:?}"
                     )));
                 }
                 if now.is_empty() || now != start {
@@ -641,12 +658,14 @@ impl Traj<'_, '_> {
         let listed = check::listed(self.c(), self.id());
         let mut bad = Vec::new();
         for cp in &listed {
-            if self.corrupted.contains(cp) || self.verified.contains(cp) {
+            // A compaction swaps a checkpoint's dir for a new one: verified again then.
+            let key = format!("{cp}@{:?}", check::manifest_stamp(self.c(), self.id(), cp));
+            if self.corrupted.contains(cp) || self.verified.contains(&key) {
                 continue;
             }
-            match check::verify(self.c(), self.id(), cp) {
+            match check::verify_settled(self.c(), self.id(), cp) {
                 Ok(()) => {
-                    self.verified.insert(cp.clone());
+                    self.verified.insert(key);
                     if let Some(us) = check::frozen_us(self.c(), self.id(), cp) {
                         let key = (self.s.id.clone(), cp.clone());
                         self.run.record(|j| {
@@ -693,6 +712,34 @@ impl Traj<'_, '_> {
     }
 }
 
+/// The turn a journal entry ran (`: chaos-turn=K;`), if it is one.
+fn turn_of(e: &serde_json::Value) -> Option<u64> {
+    let args = e["args"].as_array()?;
+    let script: Vec<&str> = args.iter().filter_map(|a| a.as_str()).collect();
+    let rest = script.join(" ");
+    let rest = rest.split_once(": chaos-turn=")?.1;
+    rest.split(';').next()?.parse().ok()
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The numbers of the trajectory's log, `/work/log`.
+fn read_log(s: &Sandbox) -> Result<Vec<u64>, String> {
+    let log = s.exec("cat /work/log 2>/dev/null; true", None);
+    if log.code != 0 {
+        return Err(format!("the log cannot be read: {log:?}"));
+    }
+    Ok(log
+        .stdout
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect())
+}
+
 /// An error Belayer documents for a request that meets another: "already in progress", a task
 /// in vfork or uninterruptible I/O, the frozen bound (try again), a checkpoint in use.
 fn accepted_refusal(stderr: &str) -> bool {
@@ -702,6 +749,7 @@ fn accepted_refusal(stderr: &str) -> bool {
         "uninterruptible",
         "try again",
         "in use",
+        "is part of the fs chain",
     ]
     .iter()
     .any(|r| stderr.to_lowercase().contains(r))
@@ -720,15 +768,11 @@ enum Failure {
 /// The last check of a sandbox that ran to the end: its state and its checkpoints.
 pub fn final_check(run: &Run, id: &str) {
     let s = Sandbox::attach(run.c, id);
-    let log = s.exec("cat /work/log 2>/dev/null; true", None);
-    let numbers: Vec<u64> = log
-        .stdout
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
-        .collect();
     let mut problems = Vec::new();
-    if !(numbers.is_empty() || is_contiguous(&numbers)) {
-        problems.push(format!("{id}: the log at the end is not 1..N: {log:?}"));
+    match read_log(&s) {
+        Ok(n) if n.is_empty() || is_contiguous(&n) => {}
+        Ok(n) => problems.push(format!("{id}: the log at the end is not 1..N: {n:?}")),
+        Err(e) => problems.push(format!("{id}: {e}")),
     }
     let (now, start) = s.holder_digests();
     if now.is_empty() || now != start {
