@@ -342,6 +342,19 @@ impl Drop for Ctr<'_> {
     }
 }
 
+/// [`run`] under `limit`, a command that runs past it killed and answered as exit 124 (a test
+/// whose start never returns, say), not a panic that would end the whole run.
+fn limited(cmd: &mut Command, limit: Duration) -> Out {
+    let shown = format!("{:?}", cmd.get_args().collect::<Vec<_>>());
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cmd, None, limit))).unwrap_or_else(
+        |_| Out {
+            code: 124,
+            stdout: String::new(),
+            stderr: format!("timed out after {limit:?}: {shown}"),
+        },
+    )
+}
+
 fn last_words(text: &str) -> String {
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     lines[lines.len().saturating_sub(3)..].join(" | ")
@@ -375,20 +388,16 @@ impl<'a> Harness<'a> {
     }
 
     fn ctr(&self, args: &[&str]) -> Out {
-        run(&mut self.c.ctr_cmd(args), None, Duration::from_secs(120))
+        limited(&mut self.c.ctr_cmd(args), Duration::from_secs(120))
     }
 
     fn belayer(&self, args: &[&str]) -> Out {
-        run(
-            &mut self.c.belayer_cmd(args),
-            None,
-            Duration::from_secs(120),
-        )
+        limited(&mut self.c.belayer_cmd(args), Duration::from_secs(120))
     }
 
     fn exec(&self, id: &str, script: &str) -> Out {
         let exec_id = format!("z{}", SEQ.fetch_add(1, Ordering::Relaxed));
-        self.ctr(&[
+        let args = [
             "tasks",
             "exec",
             "--exec-id",
@@ -397,7 +406,10 @@ impl<'a> Harness<'a> {
             "sh",
             "-c",
             script,
-        ])
+        ];
+        // Past the stop script's own wait for the test's verdict.
+        let limit = Duration::from_secs(u64::from(STOP_LIMIT_S) + 25);
+        limited(&mut self.c.ctr_cmd(&args), limit)
     }
 
     fn task_status(&self, id: &str) -> (String, String) {
@@ -699,7 +711,17 @@ impl<'a> Harness<'a> {
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                         let Some(test) = tests.get(i) else { break };
-                        let r = self.run(test, modes);
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            self.run(test, modes)
+                        }))
+                        .unwrap_or_else(|_| Report {
+                            test: test.name.clone(),
+                            outcomes: BTreeMap::from([(
+                                Mode::Control,
+                                Outcome::Fail("the harness panicked".into()),
+                            )]),
+                            secs: 0.0,
+                        });
                         each(&r);
                         reports.lock().expect("reports").push(r);
                     }
