@@ -28,6 +28,9 @@ pub struct Config {
     /// `io.belayer.keep`: automatic checkpoints kept per sandbox.
     pub keep: u32,
     pub schedule: Schedule,
+    /// Whether more checkpoints on disk than the retention bound fails the run (else it is only
+    /// reported): see `tests/chaos.rs` for why the test does not.
+    pub retention_is_violation: bool,
     /// The command line that reproduces this run (printed with every failure).
     pub command: String,
 }
@@ -47,6 +50,7 @@ impl Config {
                 rate: 0.2,
                 spacing: 2,
             },
+            retention_is_violation: true,
             command: String::new(),
         }
     }
@@ -88,6 +92,8 @@ pub struct Journal {
     pub violations: Vec<String>,
     /// Forks made (removed as soon as checked), for the leak check.
     pub forks: Vec<String>,
+    /// Store checks that found more checkpoints on disk than the retention bound: how many more.
+    pub over_retention: Vec<usize>,
 }
 
 /// The shared state of a run.

@@ -36,6 +36,8 @@ pub struct Report {
     pub frozen_ms: Vec<f64>,
     pub violations: Vec<String>,
     pub leaks: Vec<String>,
+    /// Store checks over the retention bound, and by how many checkpoints at most.
+    pub over_retention: (usize, usize),
     pub load: (f64, f64),
     pub cpu: Option<(f64, f64)>,
 }
@@ -106,6 +108,10 @@ impl Report {
                 .collect(),
             violations,
             leaks,
+            over_retention: (
+                journal.over_retention.len(),
+                journal.over_retention.iter().copied().max().unwrap_or(0),
+            ),
             load: (load_before, load_after),
             cpu,
         }
@@ -161,6 +167,7 @@ impl Report {
             "recovery_ms": {"n": self.recovery_ms.len(), "p50": self.recovery(50.0), "p99": self.recovery(99.0)},
             "frozen_ms": {"n": self.frozen_ms.len(), "p50": percentile(&self.frozen_ms, 50.0),
                           "p99": percentile(&self.frozen_ms, 99.0)},
+            "over_retention": {"checks": self.over_retention.0, "max_excess": self.over_retention.1},
             "violations": self.violations,
             "leaks": self.leaks,
             "loadavg_1m": {"start": self.load.0, "end": self.load.1},
@@ -212,6 +219,10 @@ impl Report {
             fmt(percentile(&self.frozen_ms, 50.0)),
             fmt(percentile(&self.frozen_ms, 99.0)),
             self.frozen_ms.len()
+        );
+        println!(
+            "store checks over the retention bound: {} (at most {} checkpoints over)",
+            self.over_retention.0, self.over_retention.1
         );
         println!(
             "load average (1 min): {:.1} at start, {:.1} at end",
