@@ -198,11 +198,28 @@ impl Traj<'_, '_> {
     /// An explicit restore of the newest checkpoint: the environment is at its journal position.
     fn race_restore(&mut self) -> Result<Injected, Failure> {
         let since = unix_ms();
+        let newest = check::listed(self.c(), self.id()).pop().unwrap_or_default();
         let out = self.belayer(&["restore", self.id()]);
         if out.code != 0 {
+            // What a post-mortem needs of the images it could not read.
+            let criu = self
+                .c()
+                .checkpoints_dir(self.id())
+                .join(&newest)
+                .join("criu");
+            let mut cores: Vec<String> = std::fs::read_dir(&criu)
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .filter(|n| n.starts_with("core-") || n.starts_with("pstree"))
+                        .collect()
+                })
+                .unwrap_or_default();
+            cores.sort();
             return Err(Failure::Lost(format!(
-                "restore failed: {}",
-                out.stderr.trim()
+                "restore (newest listed: {newest}) failed: {}; in {}: {cores:?}",
+                out.stderr.trim(),
+                criu.display()
             )));
         }
         self.rewound(since).map(Injected::Yes)
