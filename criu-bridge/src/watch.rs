@@ -2,7 +2,7 @@
 //! waits on in the kernel, an action script that hangs, a runc that never answers — a container
 //! is not kept frozen past [`CheckpointRequest::frozen_limit`](crate::CheckpointRequest): a
 //! watcher thread ends CRIU (and whatever it started) and, if CRIU cannot be found, the
-//! `runc checkpoint` that waits for it. The dump then fails, and the checkpoint's own error path
+//! `runc checkpoint` that waits for it. So it does as soon as the container's init has died. The dump then fails, and the checkpoint's own error path
 //! undoes the network lock and thaws the container.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
@@ -37,6 +37,10 @@ pub(crate) struct FrozenWatch {
     thread: Option<std::thread::JoinHandle<Option<Stall>>>,
 }
 
+/// How often the container's init is looked at while the dump runs: once it has died (a crash
+/// during the checkpoint), the dump is ended at once instead of at the bound, so that the
+/// recovery need not wait for it.
+const INIT_LOOK_EVERY: Duration = Duration::from_millis(100);
 /// How often an overdue dump's processes are looked for again and ended.
 const KILL_EVERY: Duration = Duration::from_millis(100);
 /// How long after the bound runc itself is ended when no CRIU of it can be found.
@@ -49,9 +53,19 @@ impl FrozenWatch {
         let id = id.to_string();
         let thread = std::thread::Builder::new()
             .name("belayer-frozen-watch".into())
-            .spawn(move || match rx.recv_timeout(left) {
-                Err(RecvTimeoutError::Timeout) => Some(end_dump(&id, init, &rx)),
-                _ => None,
+            .spawn(move || {
+                let deadline = Instant::now() + left;
+                loop {
+                    let wait = deadline.saturating_duration_since(Instant::now());
+                    match rx.recv_timeout(wait.min(INIT_LOOK_EVERY)) {
+                        Err(RecvTimeoutError::Timeout) => {}
+                        _ => return None,
+                    }
+                    // A dead init ends the dump's purpose: CRIU may wait on it until the bound.
+                    if Instant::now() >= deadline || crate::blocked::is_dead(init) {
+                        return Some(end_dump(&id, init, &rx));
+                    }
+                }
             })
             .map_err(|e| tracing::error!(error = %e, "cannot start the frozen-window watch"))
             .ok();
@@ -203,7 +217,11 @@ mod tests {
 
     #[test]
     fn a_watch_disarmed_in_time_ends_nothing() {
-        let w = FrozenWatch::arm("no-such-container", 1, Duration::from_secs(5));
+        let w = FrozenWatch::arm(
+            "no-such-container",
+            std::process::id() as i32,
+            Duration::from_secs(5),
+        );
         assert_eq!(w.disarm(), None);
     }
 

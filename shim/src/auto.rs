@@ -396,6 +396,10 @@ impl Inner {
                     }
                 }
             }
+            // Newest first too: the store refuses to delete a checkpoint while a later one (also
+            // dropped) still stacks on its layer, so oldest first removed only the newest each
+            // pass and the store grew past `keep` (found by the chaos soak).
+            delete.sort_unstable_by(|a, b| b.cmp(a));
             for seq in delete {
                 match store.delete(&ns, &cid, seq) {
                     Err(e) if in_use(&e) => {
