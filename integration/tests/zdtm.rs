@@ -8,8 +8,9 @@ use belayer_integration::{Containerd, Flavor};
 
 /// One of each kind of state: environment, a sleeping task, a pipe, a listening TCP socket, a
 /// file open for appending, memory mappings, threads, POSIX timers, a deleted (ghost) file and
-/// an unconnected Unix socket. Left out while Belayer refuses to restore them (README, "ZDTM"):
-/// `zombie00` and `sigpending`.
+/// an unconnected Unix socket; a zombie, pending signals, and raised inheritable capabilities
+/// (which the restore's privilege check refused before it skipped dead tasks and allowed
+/// inheritable bits within the bounding set).
 const QUICK: &[&str] = &[
     "env00",
     "sleeping00",
@@ -21,6 +22,9 @@ const QUICK: &[&str] = &[
     "timers",
     "unlink_fstat00",
     "sk-unix-unconn",
+    "zombie00",
+    "sigpending",
+    "caps01",
 ];
 
 #[test]

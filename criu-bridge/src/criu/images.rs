@@ -175,6 +175,9 @@ pub struct ThreadCoreEntry {
 /// `task_core_entry` of `core.proto` (the thread-group leader's core only).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct TaskCoreEntry {
+    /// CRIU's task state (`COMPEL_TASK_*`: 1 alive, 2 dead, 3 stopped, 6 zombie).
+    #[prost(uint32, optional, tag = "1")]
+    pub task_state: Option<u32>,
     /// The task's comm.
     #[prost(string, optional, tag = "6")]
     pub comm: Option<String>,
@@ -491,6 +494,7 @@ mod tests {
     fn round_trip_and_v1_head() {
         let core = CoreEntry {
             tc: Some(TaskCoreEntry {
+                task_state: Some(1),
                 comm: Some("sh".into()),
                 old_seccomp_mode: None,
             }),
