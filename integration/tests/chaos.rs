@@ -26,12 +26,6 @@ fn a_seeded_soak_loses_nothing_and_leaks_nothing() {
     // criu-kill-dump,init-kill-action,init-kill-checkpoint --rate 0.35` (chaos-1, turn 5).
     // The benchmark still injects it and reports each such death as a violation.
     cfg.schedule.kinds.retain(|k| *k != Kind::CriuKillDump);
-    // Not race-restore: now and then an explicit `belayer restore` of the newest checkpoint is
-    // refused by the restore's privilege check (commit 1298a46), which reads a thread id that is
-    // no thread of the checkpoint: "cannot check the privilege of the checkpoint's tasks: cannot
-    // read CRIU image …/criu/core-4194530656.img: No such file or directory" (seed 24 here, once
-    // in two runs; `belayer-bench chaos --sandboxes 2 --minutes 1.5 --seed 1`, once).
-    cfg.schedule.kinds.retain(|k| *k != Kind::RaceRestore);
     // More checkpoints on disk than `keep` + the running rootfs's chain is reported, not failed.
     // Retention deleted its dropped checkpoints oldest first until d7193a0, which the store
     // refused for each a later dropped one stacked on (up to 11 over); with that fixed, seed 24
