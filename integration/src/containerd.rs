@@ -604,6 +604,27 @@ impl Drop for Containerd {
 }
 
 impl Containerd {
+    /// `ctr tasks ls`'s columns after the id for task `id` (pid, status); empty when it is not
+    /// listed.
+    pub fn task_row(&self, id: &str) -> Vec<String> {
+        self.task_row_in(&self.ns, id)
+    }
+
+    /// [`Containerd::task_row`] in namespace `ns` (docker's is `moby`).
+    pub fn task_row_in(&self, ns: &str, id: &str) -> Vec<String> {
+        self.ctr_in(ns, &["tasks", "ls"])
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Containerd {
     /// Pids of shims still running for namespace `ns` of this containerd.
     pub fn ns_shims_of(&self, ns: &str) -> Vec<u32> {
         let of_ns = crate::leaks::pids_with_args(&["-namespace", ns]);

@@ -4,9 +4,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
+use belayer_integration::chaos::fault;
 use belayer_integration::episode::{self, Sandbox};
 use belayer_integration::{Containerd, Flavor, Out};
 use common::*;
@@ -69,18 +70,6 @@ fn cp_dir(c: &Containerd, id: &str, cp: &str) -> PathBuf {
     c.checkpoints_dir(id).join(cp)
 }
 
-/// The largest file under `dir`.
-fn largest_file(dir: &Path) -> PathBuf {
-    let mut best = (0, PathBuf::new());
-    for e in std::fs::read_dir(dir).expect("read dir").flatten() {
-        let m = e.metadata().expect("meta");
-        if m.is_file() && m.len() > best.0 {
-            best = (m.len(), e.path());
-        }
-    }
-    best.1
-}
-
 /// Overlay mounts that stack checkpoint layers of this store.
 fn store_mounts(c: &Containerd) -> usize {
     let store = c.store.display().to_string();
@@ -102,7 +91,8 @@ fn corrupt_truncated_unknown_and_missing() {
     let pid = task_pid(&c, "bad");
 
     // One byte of a CRIU image flipped.
-    let victim = largest_file(&cp_dir(&c, "bad", &corrupt).join("criu"));
+    let victim =
+        fault::largest_file(&cp_dir(&c, "bad", &corrupt).join("criu")).expect("a CRIU image");
     let mut bytes = std::fs::read(&victim).expect("read image");
     let mid = bytes.len() / 2;
     bytes[mid] ^= 0xff;
@@ -477,39 +467,6 @@ fn a_checkpoint_that_running_forks_stack_on_stays_until_they_go() {
     c.ctr(&["containers", "rm", "base"]).ok();
 }
 
-/// The pid of the CRIU dumping container `id` (init `init`) once its memory image is begun
-/// (`pages-*.img` not empty in the pending checkpoint): the dump is under way, its parasite
-/// inside the container's processes.
-fn dumping_criu(c: &Containerd, id: &str, init: &str) -> Option<i32> {
-    let pending = std::fs::read_dir(c.checkpoints_dir(id))
-        .ok()?
-        .flatten()
-        .find(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))?
-        .path()
-        .join("criu");
-    let writing = std::fs::read_dir(&pending).ok()?.flatten().any(|e| {
-        let name = e.file_name().to_string_lossy().into_owned();
-        name.starts_with("pages-") && e.metadata().is_ok_and(|m| m.len() > 0)
-    });
-    if !writing {
-        return None;
-    }
-    // CRIU retitles runc's `criu swrk 3` as `criu: dump --rpc -t <init>`.
-    let title = format!("dump --rpc -t {init}");
-    let titled = |pid: &u32| {
-        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|raw| {
-            // Not the dump of an init whose pid begins with this one's.
-            String::from_utf8_lossy(&raw)
-                .trim_end_matches(['\0', ' '])
-                .ends_with(&title)
-        })
-    };
-    belayer_integration::leaks::pids_mentioning(&title)
-        .into_iter()
-        .find(titled)
-        .map(|pid| pid as i32)
-}
-
 /// CRIU killed in the middle of a dump (the OOM killer, say), with its parasite inside the
 /// container's processes: the checkpoint fails with a clear error, the processes run on with
 /// their memory intact, nothing partial is listed or left mounted, the earlier checkpoint still
@@ -527,7 +484,7 @@ fn criu_killed_during_a_dump_leaves_the_container_running() {
         let cp = scope.spawn(|| c.belayer(&["checkpoint", "oom"]));
         let mut killed = None;
         wait_until(Duration::from_secs(60), || {
-            killed = dumping_criu(&c, "oom", &pid);
+            killed = fault::dumping_criu(&c, "oom", &pid).map(|p| p as i32);
             killed.is_some() || cp.is_finished()
         });
         if let Some(criu) = killed {

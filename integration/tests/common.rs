@@ -78,15 +78,7 @@ pub fn task_row(c: &Containerd, id: &str) -> Vec<String> {
 
 /// [`task_row`] in namespace `ns` (docker's is `moby`).
 pub fn task_row_in(c: &Containerd, ns: &str, id: &str) -> Vec<String> {
-    c.ctr_in(ns, &["tasks", "ls"])
-        .stdout
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(id))
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .map(str::to_string)
-        .collect()
+    c.task_row_in(ns, id)
 }
 
 /// The status column of `ctr tasks ls` for `id`.

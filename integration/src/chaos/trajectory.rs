@@ -205,7 +205,8 @@ impl Traj<'_, '_> {
     }
 
     fn init_pid(&self) -> Option<i64> {
-        task_row(self.c(), self.id())
+        self.c()
+            .task_row(self.id())
             .first()
             .and_then(|p| p.parse().ok())
             .filter(|p| *p > 0)
@@ -230,7 +231,7 @@ impl Traj<'_, '_> {
         let start = Instant::now();
         loop {
             if self.recoveries() > before
-                && task_row(self.c(), self.id()).get(1).map(String::as_str) == Some("RUNNING")
+                && self.c().task_row(self.id()).get(1).map(String::as_str) == Some("RUNNING")
             {
                 break;
             }
@@ -238,7 +239,7 @@ impl Traj<'_, '_> {
                 let st = status(self.c(), self.id());
                 return Err(Failure::Lost(format!(
                     "no recovery within {RECOVERY_LIMIT:?}: task {:?}, status {st}, shim log: {}",
-                    task_row(self.c(), self.id()),
+                    self.c().task_row(self.id()),
                     self.c().log_lines(self.id(), 5)
                 )));
             }
@@ -354,7 +355,7 @@ impl Traj<'_, '_> {
 
     /// The sandbox runs the same init as before and its processes are intact.
     fn untouched(&self, pid: i64) -> Result<(), String> {
-        let row = task_row(self.c(), self.id());
+        let row = self.c().task_row(self.id());
         if row.first().map(String::as_str) != Some(&pid.to_string())
             || row.get(1).map(String::as_str) != Some("RUNNING")
         {
@@ -490,19 +491,6 @@ pub fn final_check(run: &Run, id: &str) {
     run.record(|j| j.violations.extend(problems));
 }
 
-/// `ctr tasks ls`'s columns after the id (pid, status); empty when not listed.
-pub fn task_row(c: &Containerd, id: &str) -> Vec<String> {
-    c.ctr(&["tasks", "ls"])
-        .stdout
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(id))
-        .unwrap_or_default()
-        .split_whitespace()
-        .skip(1)
-        .map(str::to_string)
-        .collect()
-}
-
 fn status(c: &Containerd, id: &str) -> serde_json::Value {
     serde_json::from_str(&c.belayer(&["status", id]).stdout).unwrap_or_default()
 }
@@ -512,7 +500,7 @@ pub fn remove(c: &Containerd, id: &str) {
     let _ = c.ctr(&["tasks", "kill", "-s", "9", id]);
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(20) {
-        match task_row(c, id).get(1).map(String::as_str) {
+        match c.task_row(id).get(1).map(String::as_str) {
             None | Some("STOPPED") => break,
             _ => std::thread::sleep(Duration::from_millis(100)),
         }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{Failure, Injected, Traj, read_log, remove, task_row, turn_script, unix_ms};
+use super::{Failure, Injected, Traj, read_log, remove, turn_script, unix_ms};
 use crate::Out;
 use crate::chaos::check;
 use crate::chaos::fault::{self, Kind};
@@ -14,7 +14,7 @@ impl Traj<'_, '_> {
         let Some(pid) = self.init_pid() else {
             return Err(Failure::Lost(format!(
                 "no running init before the fault: {:?}",
-                task_row(self.c(), self.id())
+                self.c().task_row(self.id())
             )));
         };
         match kind {
