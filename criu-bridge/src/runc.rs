@@ -28,6 +28,14 @@ impl Spawner for StdSpawner {
     }
 }
 
+/// Whether runc's error text says the container does not exist (runc has no exit code for it).
+/// Both of Belayer's runc clients classify its failures with this: the shim's async one (create,
+/// exec, kill, delete, with the container's stdio) and this sync one (state, checkpoint,
+/// restore), which share the `--root`.
+pub fn says_no_container(message: &str) -> bool {
+    message.contains("does not exist") || message.contains("container not found")
+}
+
 /// A failed runc invocation.
 #[derive(Debug, thiserror::Error)]
 pub enum RuncError {
@@ -276,7 +284,7 @@ impl Runc {
             return Ok(out);
         }
         let message = String::from_utf8_lossy(&out.stderr).trim().to_string();
-        if message.contains("does not exist") || message.contains("container not found") {
+        if says_no_container(&message) {
             return Err(RuncError::NotFound(id.to_string()));
         }
         Err(RuncError::Failed {

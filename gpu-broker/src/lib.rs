@@ -9,5 +9,6 @@ pub mod mapping;
 pub mod model;
 pub mod pidfd;
 pub mod seqpacket;
+pub mod vllm;
 pub mod wire;
 pub mod worker;

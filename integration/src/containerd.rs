@@ -635,6 +635,78 @@ impl Containerd {
     }
 }
 
+impl Containerd {
+    /// SIGKILLs containerd process `pid` (this handle's own, [`Containerd::pid`], or one that
+    /// [`Containerd::spawn_again`] started) and waits for it to end: a crash, where
+    /// [`Containerd::restart`] stops it cleanly. Its shims and their containers stay.
+    pub fn kill_daemon(&self, pid: u32) {
+        let _ = crate::sigkill(pid.into());
+        let start = Instant::now();
+        while std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.contains(") Z ") && !s.contains(") X "))
+            && start.elapsed() < Duration::from_secs(10)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts containerd again on this handle's config, root, state and socket — for a caller
+    /// that shares the handle (`&self`) and so cannot [`Containerd::restart`] it — and waits
+    /// until it answers. The process is the caller's to stop (SIGTERM, then wait) before the
+    /// handle is dropped; [`Containerd::pid`] still names the first one. Not for a
+    /// [`Containerd::unified`] one (its mount namespace is the first process's).
+    pub fn spawn_again(&self) -> std::io::Result<Child> {
+        if self.unified {
+            return Err(std::io::Error::other(
+                "a unified containerd cannot be started again beside its handle",
+            ));
+        }
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.log_path())?;
+        let mut cmd = Command::new(self.binary("containerd"));
+        if let Some(config) = &self.belayer_config {
+            cmd.env("BELAYER_CONFIG", config);
+        }
+        let mut child = cmd
+            .arg("--config")
+            .arg(self.dir.join("config.toml"))
+            .env("TMPDIR", self.tmp_dir())
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("PATH", self.path_env())
+            .env("BELAYER_STORE", &self.store)
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        let start = Instant::now();
+        loop {
+            let probe = run(
+                &mut self.ctr_cmd(&["version"]),
+                None,
+                Duration::from_secs(20),
+            );
+            if probe.code == 0 {
+                return Ok(child);
+            }
+            if let Some(status) = child.try_wait()? {
+                return Err(std::io::Error::other(format!(
+                    "containerd exited at start ({status}): {}",
+                    self.log_lines("", 10)
+                )));
+            }
+            if start.elapsed() > UP_LIMIT {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(std::io::Error::other(format!(
+                    "containerd did not come up in {UP_LIMIT:?}: {}",
+                    probe.stderr.trim()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::stack_dump;

@@ -170,6 +170,19 @@ fn chain_of_three_and_four_forks() {
         0,
         "the source container sees a fork's write"
     );
+    // A fork is a container like any other: its own checkpoint (taken while its stdio is the
+    // shim's, as containerd gave it none) restores in place to the fork's state.
+    let fork = Sandbox::attach(&c, &forks[0]);
+    let fork_tree = fork.tree();
+    let fork_cp = checkpoint(&c, &forks[0]);
+    assert_eq!(fork.exec("echo later > /work/mine", None).code, 0);
+    restore(&c, &forks[0], Some(&fork_cp));
+    assert_same_tree(
+        &format!("fork {}'s checkpoint", forks[0]),
+        &fork_tree,
+        &fork.tree(),
+    );
+    assert_processes_intact(&fork);
     for f in &forks {
         remove(&c, f);
     }

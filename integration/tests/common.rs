@@ -293,3 +293,17 @@ impl Drop for Scratch {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Runs `tar` with `args`; panics with its stderr if it fails.
+#[track_caller]
+pub fn tar(args: &[&str]) {
+    let out = std::process::Command::new("tar")
+        .args(args)
+        .output()
+        .expect("run tar");
+    assert!(
+        out.status.success(),
+        "tar {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -468,18 +468,6 @@ fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
 }
 
 /// Runs `tar` with `args`, panicking with its stderr on failure.
-fn tar(args: &[&str]) {
-    let out = std::process::Command::new("tar")
-        .args(args)
-        .output()
-        .expect("run tar");
-    assert!(
-        out.status.success(),
-        "tar {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A copy of the CRI checkpoint archive `archive` whose Belayer chain has every manifest edited
 /// by `edit`: what an archive's author can write.
 fn forge(archive: &std::path::Path, name: &str, edit: &dyn Fn(&mut serde_json::Value)) -> PathBuf {

@@ -39,7 +39,7 @@ fn python_client_against_a_real_shim() {
     let belayer = prereq::bin_dir().join("belayer");
     assert!(
         belayer.is_file(),
-        "prerequisite missing: {} (build it: cargo build --release -p belayer-shim)",
+        "prerequisite missing: {} (build it: cargo build --release -p belayer-cli)",
         belayer.display()
     );
     let mut cmd = Command::new(python);

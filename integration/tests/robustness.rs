@@ -1,5 +1,6 @@
 //! Bad input gets a clear error and leaves nothing behind; containers survive a containerd
-//! restart; create/delete cycles leak no mounts, processes, cgroups or file descriptors.
+//! restart; a killed shim's checkpoints restore and fork; create/delete cycles leak no mounts,
+//! processes, cgroups or file descriptors.
 
 mod common;
 
@@ -302,4 +303,57 @@ fn a_systemd_cgroups_path_goes_to_runcs_systemd_driver() {
         "a cgroupfs directory named like the systemd path: {literal:?}"
     );
     assert_nothing_left(&c, id);
+}
+
+/// The shim SIGKILLed (the OOM killer, an operator): containerd cleans its task up (runc's
+/// container is killed with it: containerd runs the shim binary's `delete`), and the
+/// container's checkpoints outlive it, with automatic checkpoints and recovery on as the soak
+/// runs them: `belayer checkpoints` lists them, `belayer restore` brings
+/// the newest back into the container (a new task, a new shim) with its processes and files,
+/// and `belayer fork` runs one in a new container.
+#[test]
+fn a_killed_shim_leaves_checkpoints_that_restore_and_fork() {
+    use belayer_integration::episode::{self, Sandbox};
+    let c = Containerd::start(Flavor::V2);
+    let auto = ["io.belayer.checkpoint=auto", "io.belayer.recover=auto"];
+    let s = Sandbox::start_annotated(&c, BELAYER, "shimkill", &auto);
+    s.run(&episode::actions(200));
+    let cp = checkpoint(&c, "shimkill");
+    let shims = leaks::pids_with_args(&["-id", "shimkill"]);
+    assert_eq!(shims.len(), 1, "one shim for the container: {shims:?}");
+    belayer_integration::sigkill(i64::from(shims[0])).expect("SIGKILL the shim");
+    assert!(
+        wait_until(Duration::from_secs(20), || c
+            .task_row("shimkill")
+            .is_empty()),
+        "containerd kept the task of a dead shim: {:?}",
+        c.task_row("shimkill")
+    );
+    // At once, as a framework would: containerd no longer lists the task but still cleans up
+    // after the dead shim (its binary's `delete`), and refused a create meanwhile ("already
+    // exists") before the CLI waited that out.
+    let listed = c.belayer(&["checkpoints", "shimkill"]).ok().stdout;
+    assert!(
+        listed.lines().any(|l| l.trim() == cp),
+        "checkpoint {cp} is not listed after the shim's death: {listed}"
+    );
+
+    let newest = listed.lines().last().unwrap_or_default().trim().to_string();
+    let out = c.belayer(&["restore", "shimkill"]);
+    assert_eq!(out.code, 0, "restore after the shim's death: {out:?}");
+    assert_eq!(task_status(&c, "shimkill"), "RUNNING");
+    // The new shim says which checkpoint the environment reflects, as after any restore.
+    let st = status(&c, "shimkill");
+    assert_eq!(
+        st["position"]["checkpoint"].as_str(),
+        Some(newest.as_str()),
+        "no journal position after the restore: {st}"
+    );
+    assert_processes_intact(&s);
+    let out = c.belayer(&["fork", "--checkpoint", &cp, "shimkill"]).ok();
+    let fork = out.stdout.trim().to_string();
+    assert_eq!(task_status(&c, &fork), "RUNNING");
+    assert_processes_intact(&Sandbox::attach(&c, &fork));
+    remove(&c, &fork);
+    remove(&c, "shimkill");
 }

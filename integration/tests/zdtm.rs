@@ -10,7 +10,9 @@ use belayer_integration::{Containerd, Flavor};
 /// file open for appending, memory mappings, threads, POSIX timers, a deleted (ghost) file and
 /// an unconnected Unix socket; a zombie, pending signals, and raised inheritable capabilities
 /// (which the restore's privilege check refused before it skipped dead tasks and allowed
-/// inheritable bits within the bounding set).
+/// inheritable bits within the bounding set); a connected UDP socket and a TCP connection over
+/// 127.0.0.1 (which CRIU could not restore while the restored network namespace's `lo` was
+/// still down).
 const QUICK: &[&str] = &[
     "env00",
     "sleeping00",
@@ -25,6 +27,8 @@ const QUICK: &[&str] = &[
     "zombie00",
     "sigpending",
     "caps01",
+    "socket_udp",
+    "socket-tcp-local",
 ];
 
 #[test]

@@ -28,6 +28,7 @@
 //!
 //! [`decide`]: NodeScheduler::decide
 
+pub mod activity;
 pub mod config;
 pub mod cost;
 pub mod gap;
@@ -36,6 +37,7 @@ pub mod policy;
 pub mod quantile;
 pub mod retention;
 
+pub use activity::{ActivityConfig, ActivityDetector, ActivitySample, Boundary};
 pub use config::{ConfigError, CostPrior, MAX_GAP_WINDOW, SchedulerConfig};
 pub use cost::{CheckpointCost, CostEstimate, CostModel, Footprint};
 pub use gap::{Expected, GapPrediction, GapSource, Hint};

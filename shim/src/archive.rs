@@ -8,29 +8,7 @@ use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-
-/// Bounds on an imported checkpoint (the `[import]` table of the node settings).
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ImportLimits {
-    /// The most bytes of an export: the chain archive and the CRIU images beside it.
-    pub max_archive_bytes: u64,
-    /// The most bytes the chain archive unpacks to, each sparse member at its apparent size.
-    pub max_unpacked_bytes: u64,
-    /// The most members of the chain archive.
-    pub max_files: u64,
-}
-
-impl Default for ImportLimits {
-    fn default() -> Self {
-        Self {
-            max_archive_bytes: 256 << 30,
-            max_unpacked_bytes: 256 << 30,
-            max_files: 1_000_000,
-        }
-    }
-}
+pub use belayer_api::settings::ImportLimits;
 
 /// Why an archive is not imported.
 #[derive(Debug, thiserror::Error)]
@@ -435,19 +413,6 @@ mod tests {
         assert!(under_symlink("checkpoints/a/b/1/fs/x/etc/passwd", &links).is_some());
         assert!(under_symlink("checkpoints/a/b/1/fs/xy", &links).is_none());
         assert!(under_symlink("checkpoints/a/b/1/fs/x", &links).is_none());
-    }
-
-    #[test]
-    fn limits_are_configurable_and_checked_by_name() {
-        let l: ImportLimits = toml::from_str("max_files = 5").unwrap();
-        assert_eq!(
-            l,
-            ImportLimits {
-                max_files: 5,
-                ..Default::default()
-            }
-        );
-        assert!(toml::from_str::<ImportLimits>("max_file = 5").is_err());
     }
 
     #[test]

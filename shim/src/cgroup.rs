@@ -327,6 +327,41 @@ pub fn memory_usage(pid: u32) -> u64 {
     }
 }
 
+/// The cumulative CPU time and block I/O bytes (read + written) of `pid`'s cgroup: v1
+/// `cpuacct.usage` and `blkio.throttle.io_service_bytes`' `Total`, v2 `cpu.stat` `usage_usec`
+/// and the `rbytes` + `wbytes` of every device in `io.stat`. `None` when the cgroup cannot be
+/// read (the process is gone).
+pub fn activity(pid: u32) -> Option<(std::time::Duration, u64)> {
+    if is_unified() {
+        let d = v2_dir(pid).ok()?;
+        let cpu = *keyed(&d.join("cpu.stat")).get("usage_usec")?;
+        let io: u64 = fs::read_to_string(d.join("io.stat"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                matches!(k, "rbytes" | "wbytes").then(|| v.parse::<u64>().ok())?
+            })
+            .sum();
+        Some((std::time::Duration::from_micros(cpu), io))
+    } else {
+        let mounts = v1_mounts();
+        let cpu = fs::read_to_string(v1_dir(pid, "cpuacct", &mounts)?.join("cpuacct.usage"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let io = v1_dir(pid, "blkio", &mounts)
+            .and_then(|d| fs::read_to_string(d.join("blkio.throttle.io_service_bytes")).ok())
+            .and_then(|t| {
+                t.lines()
+                    .find_map(|l| l.strip_prefix("Total ")?.trim().parse().ok())
+            })
+            .unwrap_or(0);
+        Some((std::time::Duration::from_nanos(cpu), io))
+    }
+}
+
 fn collect_v2(pid: u32) -> Result<v2::Metrics> {
     let d = v2_dir(pid)?;
     let mut m = v2::Metrics::new();

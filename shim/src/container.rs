@@ -35,8 +35,8 @@ pub struct Container {
     /// The filesystem a checkpoint captures; found on first use.
     pub fs: Option<FsState>,
     /// Whether a checkpoint or restore runs; the shim's table holds it too, for callers
-    /// without the container's lock ([`crate::checkpoint::BusySlot`]).
-    pub busy: crate::checkpoint::BusySlot,
+    /// without the container's lock ([`crate::busy::BusySlot`]).
+    pub busy: crate::busy::BusySlot,
     /// Held from the moment the init is seen dead, in a container that recovers from crashes,
     /// until its recovery has ended either way: an exec waits for it rather than meet a dead
     /// container ([`Container::after_recovery`]).
@@ -50,11 +50,11 @@ pub struct Container {
     pub owned_upper: Option<PathBuf>,
     /// The checkpoints whose layers the mounted rootfs stacks (kept while mounted).
     pub mount_chain: Vec<u64>,
-    pub policy: crate::auto::ContainerPolicy,
+    pub policy: belayer_api::ContainerPolicy,
     pub journal: crate::journal::Journal,
     /// Where the journal stands after the last restore.
-    pub position: Option<crate::auto::Position>,
-    pub recoveries: Vec<crate::auto::Recovery>,
+    pub position: Option<belayer_api::Position>,
+    pub recoveries: Vec<belayer_api::Recovery>,
     /// Its init's death is intended, no crash to recover from: containerd sent it a stopping
     /// signal, an exit-mode checkpoint ends it, or the task is being deleted.
     pub killed: bool,
@@ -120,8 +120,9 @@ pub async fn spawn_process(
         .map_err(io(format!("read {}", pid_file.display())))?
         .trim()
         .parse::<u32>()
-        .map_err(|e| {
-            Error::FailedPrecondition(format!("bad pid in {}: {e}", pid_file.display()))
+        .map_err(|source| Error::BadPid {
+            path: pid_file.clone(),
+            source,
         })?;
     Ok((pid, pending.finish(paths)?))
 }
@@ -288,10 +289,9 @@ impl Container {
 
     /// Removes what the container left on the host: runc's state, the rootfs mount, pid files.
     pub async fn cleanup(&mut self, runc: &Runc) {
-        if let Err(e) = runc.delete(&self.id, true).await
-            && !e.to_string().contains("does not exist")
-        {
-            warn!("runc delete {}: {e}", self.id);
+        match runc.delete(&self.id, true).await {
+            Ok(()) | Err(Error::RuncNoContainer { .. }) => {}
+            Err(e) => warn!("runc delete {}: {e}", self.id),
         }
         if let Some(rootfs) = &self.mounted_rootfs {
             crate::rootfs::unmount(rootfs);
@@ -303,5 +303,69 @@ impl Container {
         if let Some(dir) = &self.owned_upper {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::Journal;
+
+    /// A container whose init runs, with recovery on; no runc, no root.
+    fn running(dir: &Path) -> Container {
+        let mut c = Container::new(
+            "c",
+            dir.join("bundle"),
+            Process::new("", StdioPaths::default()),
+            Journal::open(dir.join("journal"), "c"),
+        );
+        c.policy.recover = true;
+        c.init.pid = 1;
+        c.init.status = Status::RUNNING;
+        c
+    }
+
+    #[test]
+    fn a_death_on_its_own_is_recovered_an_intended_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = running(dir.path());
+        assert!(c.recovers_from(1));
+        assert!(c.recovers_from(128 + libc::SIGSEGV as u32));
+        // Recovery off, or the init never started: no recovery.
+        let mut off = running(dir.path());
+        off.policy.recover = false;
+        assert!(!off.recovers_from(1));
+        let mut created = running(dir.path());
+        created.init.status = Status::CREATED;
+        assert!(!created.recovers_from(1));
+        // Deleted: nothing brings it back.
+        let mut deleted = running(dir.path());
+        deleted.deleted = true;
+        assert!(!deleted.recovers_from(1));
+    }
+
+    #[test]
+    fn a_stopping_signal_makes_any_death_intended_another_only_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = running(dir.path());
+        c.note_signal(libc::SIGUSR1 as u32, false);
+        assert!(!c.recovers_from(128 + libc::SIGUSR1 as u32));
+        assert!(c.recovers_from(128 + libc::SIGSEGV as u32));
+        assert!(c.recovers_from(1));
+        for stopping in [libc::SIGKILL, libc::SIGTERM, libc::SIGINT, libc::SIGQUIT] {
+            let mut c = running(dir.path());
+            c.note_signal(stopping as u32, false);
+            assert!(!c.recovers_from(1), "signal {stopping}");
+        }
+        // Any signal to every process.
+        let mut all = running(dir.path());
+        all.note_signal(libc::SIGUSR1 as u32, true);
+        assert!(!all.recovers_from(1));
+        // Out-of-range signals and statuses are no signal.
+        let mut odd = running(dir.path());
+        odd.note_signal(0, false);
+        odd.note_signal(65, false);
+        assert!(odd.recovers_from(128));
+        assert!(odd.recovers_from(128 + 65));
     }
 }

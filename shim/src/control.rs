@@ -1,23 +1,30 @@
-//! The control API server (see [`api`](crate::api)): one root-only Unix socket per container,
-//! HTTP/1.1 with JSON bodies, one request per connection.
+//! The control API server (see [`belayer_api`]): one root-only Unix socket per container,
+//! HTTP/1.1 (hyper) with JSON bodies, one request per connection.
 
+use std::convert::Infallible;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Response, StatusCode};
+use hyper_util::rt::TokioIo;
 use log::warn;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
+use tokio::net::UnixListener;
 
-use crate::api::{self, ErrorBody};
+use belayer_api::{self as api, ErrorBody};
+
+use crate::engine::Engine;
 use crate::error::{Error, Result, io};
-use crate::task::Inner;
 
-/// Largest request accepted (headers + body).
+/// Largest request body accepted.
 const MAX_REQUEST: usize = 64 * 1024;
 
 /// Starts serving container `id`'s control socket.
-pub async fn serve(inner: Arc<Inner>, id: &str) -> Result<()> {
-    let path = api::socket_path(&inner.namespace, id);
+pub async fn serve(engine: Arc<Engine>, id: &str) -> Result<()> {
+    let path = api::socket_path(engine.namespace(), id);
     let dir = path.parent().expect("socket has a parent");
     std::fs::create_dir_all(dir).map_err(io(format!("create {}", dir.display())))?;
     set_mode(Path::new("/run/belayer/ctl"), 0o700)?;
@@ -32,13 +39,25 @@ pub async fn serve(inner: Arc<Inner>, id: &str) -> Result<()> {
             let Ok((stream, _)) = listener.accept().await else {
                 break;
             };
-            let (inner, id, hints) = (inner.clone(), id.clone(), hints.clone());
+            let root = stream.peer_cred().map(|c| c.uid() == 0).unwrap_or(false);
+            let (engine, id, hints) = (engine.clone(), id.clone(), hints.clone());
             tokio::spawn(async move {
-                if let Err(e) = handle(inner, &id, hints, stream).await {
-                    warn!("control socket of {id}: {e}");
+                let service = hyper::service::service_fn(move |req| {
+                    let (engine, id, hints) = (engine.clone(), id.clone(), hints.clone());
+                    async move { Ok::<_, Infallible>(answer(engine, &id, hints, root, req).await) }
+                });
+                // One request per connection; a liveness probe (connect, then close) ends
+                // without one, which is no error.
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(false)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                    && !e.is_incomplete_message()
+                {
+                    warn!("control socket: {e}");
                 }
             });
-            if inner_gone(&path) {
+            if socket_gone(&path) {
                 break;
             }
         }
@@ -46,7 +65,7 @@ pub async fn serve(inner: Arc<Inner>, id: &str) -> Result<()> {
     Ok(())
 }
 
-fn inner_gone(path: &Path) -> bool {
+fn socket_gone(path: &Path) -> bool {
     !path.exists()
 }
 
@@ -61,198 +80,151 @@ pub fn remove(namespace: &str, id: &str) {
     let _ = std::fs::remove_file(api::socket_path(namespace, id));
 }
 
+/// A request as the router sees it.
 struct Request {
     method: String,
     path: String,
-    body: Vec<u8>,
-}
-
-async fn read_request(stream: &mut UnixStream) -> std::io::Result<Request> {
-    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let header_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 && buf.is_empty() {
-            // A liveness probe (connect, then close): nothing to answer.
-            return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
-        }
-        if n == 0 || buf.len() > MAX_REQUEST {
-            return Err(bad("incomplete request"));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..header_end]).into_owned();
-    let mut lines = head.lines();
-    let mut first = lines.next().unwrap_or_default().split_whitespace();
-    let (method, path) = (
-        first.next().unwrap_or_default().to_string(),
-        first.next().unwrap_or_default().to_string(),
-    );
-    let length = lines
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    if length > MAX_REQUEST {
-        return Err(bad("request body too large"));
-    }
-    let mut body = buf[header_end..].to_vec();
-    while body.len() < length {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Err(bad("truncated body"));
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    body.truncate(length);
-    Ok(Request { method, path, body })
+    body: Bytes,
 }
 
 /// Hint statistics of one container's socket, for `status`.
 type Hints = Mutex<api::HintStats>;
 
-async fn handle(
-    inner: Arc<Inner>,
+/// The answer to one request: 403 to anyone but root, 400 for a body over [`MAX_REQUEST`], else
+/// what [`route`] makes of it (a panic while serving becomes a 500 that says so).
+async fn answer(
+    engine: Arc<Engine>,
     id: &str,
     hints: Arc<Hints>,
-    mut stream: UnixStream,
-) -> std::io::Result<()> {
-    let root = stream.peer_cred().map(|c| c.uid() == 0).unwrap_or(false);
-    let (status, body) = if !root {
-        (
-            403,
-            serde_json::to_vec(&ErrorBody {
-                error: "the Belayer control API is root-only".into(),
-            })?,
-        )
-    } else {
-        match read_request(&mut stream).await {
-            Ok(req) => {
-                // On a task of its own: a panic while serving becomes a 500 that says so, not a
-                // connection closed without an answer.
-                let what = format!("{} {}", req.method, req.path);
-                let cid = id.to_string();
-                let routed =
-                    tokio::spawn(async move { route(&inner, &cid, &hints, &req).await }).await;
-                match routed {
-                    Ok(Ok(v)) => (200, serde_json::to_vec(&v)?),
-                    Ok(Err(e)) => (
-                        e.http_status(),
-                        serde_json::to_vec(&ErrorBody {
-                            error: e.to_string(),
-                        })?,
-                    ),
-                    Err(e) => {
-                        warn!("control socket of {id}: {what} panicked: {e}");
-                        (
-                            500,
-                            serde_json::to_vec(&ErrorBody {
-                                error: format!(
-                                    "internal error in the shim while serving {what}: {e}"
-                                ),
-                            })?,
-                        )
-                    }
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
-            Err(e) => (
-                400,
-                serde_json::to_vec(&ErrorBody {
-                    error: e.to_string(),
-                })?,
-            ),
-        }
+    root: bool,
+    req: hyper::Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    if !root {
+        return error(403, "the Belayer control API is root-only".into());
+    }
+    let (parts, body) = req.into_parts();
+    let body = match Limited::new(body, MAX_REQUEST).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error(400, format!("reading the request: {e}")),
     };
-    let head = format!(
-        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        reason(status),
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(&body).await?;
-    // The client may have read its answer and gone already.
-    let _ = stream.shutdown().await;
-    Ok(())
+    let req = Request {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        body,
+    };
+    // On a task of its own: a panic while serving becomes a 500 that says so, not a
+    // connection closed without an answer.
+    let what = format!("{} {}", req.method, req.path);
+    let cid = id.to_string();
+    match tokio::spawn(async move { route(&engine, &cid, &hints, &req).await }).await {
+        Ok(Ok(v)) => json(200, &v),
+        Ok(Err(e)) => error(e.http_status(), e.message()),
+        Err(e) => {
+            warn!("control socket of {id}: {what} panicked: {e}");
+            error(
+                500,
+                format!("internal error in the shim while serving {what}: {e}"),
+            )
+        }
+    }
 }
 
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        403 => "Forbidden",
-        404 => "Not Found",
-        409 => "Conflict",
-        422 => "Unprocessable Entity",
-        501 => "Not Implemented",
-        503 => "Service Unavailable",
-        507 => "Insufficient Storage",
-        _ => "Internal Server Error",
-    }
+fn json(status: u16, body: &impl serde::Serialize) -> Response<Full<Bytes>> {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut r = Response::new(Full::new(Bytes::from(bytes)));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn error(status: u16, error: String) -> Response<Full<Bytes>> {
+    json(status, &ErrorBody { error })
 }
 
 fn body<T: serde::de::DeserializeOwned + Default>(req: &Request) -> Result<T> {
     if req.body.is_empty() {
         return Ok(T::default());
     }
-    serde_json::from_slice(&req.body)
-        .map_err(|e| Error::InvalidArgument(format!("invalid request body: {e}")))
+    serde_json::from_slice(&req.body).map_err(Error::Body)
+}
+
+/// A request of the control API, parsed from its method and path.
+#[derive(Debug, PartialEq, Eq)]
+enum Route {
+    Checkpoint,
+    ListCheckpoints,
+    InspectCheckpoint(u64),
+    DeleteCheckpoint(u64),
+    Restore,
+    Hint,
+    Status,
+    Journal,
+}
+
+/// What `method path` asks of container `id`'s socket: a route, or the error it answers (404
+/// for another container, 400 for anything else).
+fn parse_route(method: &str, path: &str, id: &str) -> Result<Route> {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let route = match (method, parts.as_slice()) {
+        (_, ["v1", "containers", c, ..]) if *c != id => {
+            return Err(Error::ContainerNotFound(c.to_string()));
+        }
+        ("POST", ["v1", "containers", _, "checkpoint"]) => Route::Checkpoint,
+        ("GET", ["v1", "containers", _, "checkpoints"]) => Route::ListCheckpoints,
+        ("GET", ["v1", "containers", _, "checkpoints", cp]) => {
+            Route::InspectCheckpoint(api::parse_checkpoint_id(cp)?)
+        }
+        ("DELETE", ["v1", "containers", _, "checkpoints", cp]) => {
+            Route::DeleteCheckpoint(api::parse_checkpoint_id(cp)?)
+        }
+        ("POST", ["v1", "containers", _, "restore"]) => Route::Restore,
+        ("POST", ["v1", "containers", _, "hint"]) => Route::Hint,
+        ("GET", ["v1", "containers", _, "status"]) => Route::Status,
+        ("GET", ["v1", "containers", _, "journal"]) => Route::Journal,
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "no such request: {method} {path}"
+            )));
+        }
+    };
+    Ok(route)
 }
 
 async fn route(
-    inner: &Arc<Inner>,
+    engine: &Arc<Engine>,
     id: &str,
     hints: &Hints,
     req: &Request,
 ) -> Result<serde_json::Value> {
-    let parts: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     let json = |v: &dyn erased::Ser| v.value();
-    match (req.method.as_str(), parts.as_slice()) {
-        ("POST", ["v1", "containers", c, "checkpoint"]) if *c == id => {
+    match parse_route(&req.method, &req.path, id)? {
+        Route::Checkpoint => {
             let r: api::CheckpointRequest = body(req)?;
-            Ok(json(&inner.checkpoint(id, r.exit).await?))
+            Ok(json(&engine.checkpoint(id, r.exit).await?))
         }
-        ("GET", ["v1", "containers", c, "checkpoints"]) if *c == id => {
-            Ok(json(&inner.list_checkpoints(id)?))
-        }
-        ("GET", ["v1", "containers", c, "checkpoints", cp]) if *c == id => {
-            let seq = api::parse_checkpoint_id(cp).map_err(Error::InvalidArgument)?;
-            Ok(json(&inner.inspect_checkpoint(id, seq)?))
-        }
-        ("DELETE", ["v1", "containers", c, "checkpoints", cp]) if *c == id => {
-            let seq = api::parse_checkpoint_id(cp).map_err(Error::InvalidArgument)?;
-            inner.delete_checkpoint(id, seq).await?;
+        Route::ListCheckpoints => Ok(json(&engine.list_checkpoints(id)?)),
+        Route::InspectCheckpoint(seq) => Ok(json(&engine.inspect_checkpoint(id, seq)?)),
+        Route::DeleteCheckpoint(seq) => {
+            engine.delete_checkpoint(id, seq).await?;
             Ok(serde_json::json!({}))
         }
-        ("POST", ["v1", "containers", c, "restore"]) if *c == id => {
+        Route::Restore => {
             let r: api::RestoreRequest = body(req)?;
-            Ok(json(&inner.restore(id, r.checkpoint).await?))
+            Ok(json(&engine.restore(id, r.checkpoint).await?))
         }
-        ("POST", ["v1", "containers", c, "hint"]) if *c == id => {
+        Route::Hint => {
             let r: api::HintRequest = body(req)?;
-            inner.hint(id, r.to_hint()?)?;
+            engine.hint(id, r.to_hint()?)?;
             hints.lock().unwrap_or_else(|e| e.into_inner()).record(&r);
             Ok(serde_json::json!({}))
         }
-        ("GET", ["v1", "containers", c, "status"]) if *c == id => {
-            let mut status = inner.status(id).await?;
+        Route::Status => {
+            let mut status = engine.status(id).await?;
             status.hints = hints.lock().unwrap_or_else(|e| e.into_inner()).clone();
             Ok(json(&status))
         }
-        ("GET", ["v1", "containers", c, "journal"]) if *c == id => {
-            Ok(json(&inner.journal(id).await?))
-        }
-        (_, ["v1", "containers", c, ..]) if *c != id => {
-            Err(Error::ContainerNotFound(c.to_string()))
-        }
-        _ => Err(Error::InvalidArgument(format!(
-            "no such request: {} {}",
-            req.method, req.path
-        ))),
+        Route::Journal => Ok(json(&engine.journal(id).await?)),
     }
 }
 
@@ -265,5 +237,62 @@ mod erased {
         fn value(&self) -> serde_json::Value {
             serde_json::to_value(self).unwrap_or_default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_route_by_method_and_path() {
+        let r = |m: &str, p: &str| parse_route(m, p, "c1");
+        assert_eq!(
+            r("POST", "/v1/containers/c1/checkpoint").unwrap(),
+            Route::Checkpoint
+        );
+        assert_eq!(
+            r("GET", "/v1/containers/c1/checkpoints").unwrap(),
+            Route::ListCheckpoints
+        );
+        assert_eq!(
+            r("GET", "/v1/containers/c1/checkpoints/7").unwrap(),
+            Route::InspectCheckpoint(7)
+        );
+        assert_eq!(
+            r("DELETE", "/v1/containers/c1/checkpoints/7/").unwrap(),
+            Route::DeleteCheckpoint(7)
+        );
+        assert_eq!(
+            r("POST", "/v1/containers/c1/restore").unwrap(),
+            Route::Restore
+        );
+        assert_eq!(r("POST", "/v1/containers/c1/hint").unwrap(), Route::Hint);
+        assert_eq!(r("GET", "/v1/containers/c1/status").unwrap(), Route::Status);
+        assert_eq!(
+            r("GET", "/v1/containers/c1/journal").unwrap(),
+            Route::Journal
+        );
+    }
+
+    #[test]
+    fn other_containers_are_not_found_and_other_requests_invalid() {
+        let e = parse_route("GET", "/v1/containers/c2/status", "c1").unwrap_err();
+        assert!(
+            matches!(e, Error::ContainerNotFound(ref c) if c == "c2"),
+            "{e}"
+        );
+        assert_eq!(e.http_status(), 404);
+        for (m, p) in [
+            ("GET", "/v1/containers/c1/checkpoint"),
+            ("PUT", "/v1/containers/c1/status"),
+            ("GET", "/v2/containers/c1/status"),
+            ("GET", "/"),
+        ] {
+            let e = parse_route(m, p, "c1").unwrap_err();
+            assert_eq!(e.http_status(), 400, "{m} {p}: {e}");
+        }
+        let bad_id = parse_route("GET", "/v1/containers/c1/checkpoints/x", "c1").unwrap_err();
+        assert_eq!(bad_id.http_status(), 400);
     }
 }

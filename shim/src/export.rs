@@ -26,17 +26,13 @@
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 
-use containerd_shim::protos::protobuf::Message;
-use containerd_shim::protos::shim::oci::CheckpointOptions;
 use criu_bridge::runc::Spawner;
 use criu_bridge::store::StoreError;
 
-use crate::api::RestoreOptions;
-use crate::checkpoint::chain;
+use crate::error::ExportError;
 use crate::error::{Error, Result, io};
-use crate::task::Inner;
+use belayer_api::RestoreOptions;
 
 /// The archive of the chain in an export.
 pub const CHAIN_ARCHIVE: &str = "belayer-chain.tar";
@@ -57,17 +53,18 @@ fn run(spawner: &dyn Spawner, what: &str, mut cmd: Command) -> Result<()> {
         .stderr(Stdio::piped());
     let out = spawner.output(cmd).map_err(io(format!("run {what}")))?;
     if !out.status.success() {
-        return Err(Error::Checkpoint(format!(
-            "{what}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(ExportError::Tool {
+            what: what.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        }
+        .into());
     }
     Ok(())
 }
 
 /// How the files of a directory may be put elsewhere.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Placing {
+pub enum Placing {
     /// Moved: the directory is containerd's to discard, and nobody else's.
     Take,
     /// Hardlinked: the directory is read and removed, never written.
@@ -82,7 +79,7 @@ enum Placing {
 ///   "ctrd-checkpoint")`; the shim runs in containerd's environment), never removed;
 /// - [`Placing::Link`]: CRI's `…/ctrd-restore/checkpoint`, removed by CRI after the start;
 /// - [`Placing::Copy`]: any other.
-fn placing_for(path: &Path) -> Placing {
+pub fn placing_for(path: &Path) -> Placing {
     let tmp = std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| !d.is_empty())
         .map_or_else(std::env::temp_dir, PathBuf::from);
@@ -114,16 +111,17 @@ fn place_file(from: &Path, to: &Path, how: Placing) -> Result<()> {
         Err(e) if e.raw_os_error() == Some(libc::EXDEV) => std::fs::copy(from, to)
             .map(drop)
             .map_err(io(format!("copy {} to {}", from.display(), to.display()))),
-        Err(e) => Err(Error::Checkpoint(format!(
-            "{} {} to {}: {e}",
-            match how {
+        Err(source) => Err(ExportError::Place {
+            how: match how {
                 Placing::Take => "move",
                 Placing::Link => "link",
                 Placing::Copy => "copy",
             },
-            from.display(),
-            to.display()
-        ))),
+            from: from.to_path_buf(),
+            to: to.to_path_buf(),
+            source,
+        }
+        .into()),
     }
 }
 
@@ -140,10 +138,7 @@ fn flat_files(dir: &Path) -> Result<Vec<PathBuf>> {
             .file_type()
             .map_err(io(format!("stat {}", e.path().display())))?;
         if !kind.is_file() {
-            return Err(Error::InvalidArgument(format!(
-                "{} is not a regular file: a Belayer export holds only files",
-                e.path().display()
-            )));
+            return Err(ExportError::NotAFile(e.path()).into());
         }
         files.push(e.path());
     }
@@ -154,7 +149,7 @@ fn flat_files(dir: &Path) -> Result<Vec<PathBuf>> {
 /// as a flat export (module doc). The CRIU images are placed as `how` says: hardlinked into
 /// containerd's own temporary directory, which it only reads (into its content store) and
 /// removes; copied into a directory the user named, for an edit there must not reach the store.
-fn export(
+pub fn export(
     store: &criu_bridge::Store,
     namespace: &str,
     container: &str,
@@ -188,8 +183,7 @@ fn export(
         .map_err(io(format!("create {}", chain.display())))?;
     private_file(&chain)?;
     let relative = |p: &Path| p.strip_prefix(store.root()).map(Path::to_path_buf);
-    let skip = relative(&criu)
-        .map_err(|_| Error::Checkpoint(format!("{} is outside the store", criu.display())))?;
+    let skip = relative(&criu).map_err(|_| ExportError::OutsideStore(criu.clone()))?;
     let mut tar = Command::new("tar");
     tar.arg("--create")
         .arg("--format=posix")
@@ -202,11 +196,7 @@ fn export(
         .arg(format!("--exclude={}", skip.display()));
     for member in &cp.manifest.fs_chain {
         let dir = store.load(namespace, container, *member)?.dir;
-        tar.arg(
-            relative(&dir).map_err(|_| {
-                Error::Checkpoint(format!("{} is outside the store", dir.display()))
-            })?,
-        );
+        tar.arg(relative(&dir).map_err(|_| ExportError::OutsideStore(dir.clone()))?);
     }
     run(
         spawner,
@@ -300,7 +290,7 @@ pub struct Owner {
 /// bounded and its members confined; before anything is created or moved every path its
 /// manifests name is confined to its checkpoint ([`criu_bridge::Store::claim`]). The export's
 /// files are placed as `how` says. runc's images (no [`CHAIN_ARCHIVE`]) are left where they are.
-fn import(
+pub fn import(
     store: &criu_bridge::Store,
     path: &Path,
     how: Placing,
@@ -317,23 +307,21 @@ fn import(
                 remove: how == Placing::Take,
             }));
         }
-        return Err(Error::InvalidArgument(format!(
-            "{} holds no checkpoint: neither a Belayer one ({CHAIN_ARCHIVE}) nor CRIU images \
-             ({CRIU_INVENTORY})",
-            path.display()
-        )));
+        return Err(ExportError::NoCheckpoint {
+            path: path.to_path_buf(),
+            archive: CHAIN_ARCHIVE,
+            inventory: CRIU_INVENTORY,
+        }
+        .into());
     }
     let images = flat_files(path)?;
-    let refused = |e: &dyn std::error::Error| {
-        Error::InvalidArgument(format!("import {}: {}", path.display(), chain(e)))
-    };
-    let image_lowers = owner.image_lowers.as_ref().ok_or_else(|| {
-        Error::FailedPrecondition(format!(
-            "import {}: container {} has no overlay image snapshot to stack a Belayer checkpoint on",
-            path.display(),
-            owner.container
-        ))
-    })?;
+    let image_lowers = owner
+        .image_lowers
+        .as_ref()
+        .ok_or_else(|| ExportError::NoSnapshot {
+            path: path.to_path_buf(),
+            container: owner.container.clone(),
+        })?;
     let mut beside = 0u64;
     for image in &images {
         let len = std::fs::metadata(image)
@@ -342,8 +330,12 @@ fn import(
         beside = beside.saturating_add(len);
     }
     store.secure()?;
-    crate::archive::check(&archive, beside, &owner.limits, store.root())
-        .map_err(|e| refused(&e))?;
+    crate::archive::check(&archive, beside, &owner.limits, store.root()).map_err(|source| {
+        ExportError::Archive {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
     // Unpacked beside the store's checkpoints, so that they move into place by rename.
     remove_dead_imports(store.root());
     let stamp = std::time::SystemTime::now()
@@ -374,23 +366,29 @@ fn import(
     let (namespace, container) = (&owner.namespace, &owner.container);
     exported
         .claim(namespace, container, image_lowers)
-        .map_err(|e| refused(&e))?;
+        .map_err(|source| ExportError::Refused {
+            path: path.to_path_buf(),
+            source,
+        })?;
     // Never restore ours in place of theirs: a clash is refused before anything moves (and
     // again at the move, for a number this store took meanwhile).
-    let clash = |e: StoreError| match e {
-        StoreError::Clash { .. } => {
-            Error::FailedPrecondition(format!("{}: {e}", archive.display()))
+    let clash = |e: StoreError| -> Error {
+        match e {
+            e @ StoreError::Clash { .. } => ExportError::Clash {
+                archive: archive.clone(),
+                source: e,
+            }
+            .into(),
+            e => e.into(),
         }
-        e => e.into(),
     };
     let adoption = store
         .adoption(&exported, namespace, container)
         .map_err(clash)?
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{} holds no checkpoint of {namespace}/{container}",
-                archive.display()
-            ))
+        .ok_or_else(|| ExportError::NotOurs {
+            archive: archive.clone(),
+            namespace: namespace.clone(),
+            container: container.clone(),
         })?;
     let found = Imported::Belayer(RestoreOptions {
         namespace: namespace.clone(),
@@ -414,90 +412,6 @@ fn import(
     }
     store.adopt(&adoption).map_err(clash)?;
     Ok(found)
-}
-
-impl Inner {
-    /// containerd's `Task.Checkpoint`: a Belayer checkpoint, exported to `path` (or the
-    /// options' image path).
-    pub async fn checkpoint_for_containerd(
-        self: &Arc<Self>,
-        id: &str,
-        path: &str,
-        options: Option<&[u8]>,
-    ) -> Result<()> {
-        let opts = match options {
-            Some(bytes) => CheckpointOptions::parse_from_bytes(bytes)
-                .map_err(|e| Error::InvalidArgument(format!("checkpoint options: {e}")))?,
-            None => CheckpointOptions::default(),
-        };
-        let how = if opts.image_path.is_empty() {
-            Placing::Link
-        } else {
-            Placing::Copy
-        };
-        let dest = PathBuf::from(if opts.image_path.is_empty() {
-            path
-        } else {
-            opts.image_path.as_str()
-        });
-        if dest.as_os_str().is_empty() {
-            return Err(Error::InvalidArgument("checkpoint: no image path".into()));
-        }
-        let info = self.checkpoint(id, opts.exit).await?;
-        let store = self.store();
-        let ns = self.namespace.clone();
-        let cid = id.to_string();
-        let seq: u64 = info.id.parse().unwrap_or_default();
-        tokio::task::spawn_blocking(move || {
-            export(
-                &store,
-                &ns,
-                &cid,
-                seq,
-                &dest,
-                how,
-                &crate::reaper::ReaperSpawner,
-            )
-        })
-        .await
-        .map_err(|e| Error::Checkpoint(e.to_string()))?
-    }
-
-    /// For task `id` created from a containerd checkpoint directory on the image snapshot whose
-    /// lower dirs are `image_lowers`: imports the exported chain into this node's store as
-    /// `id`'s (unless already there) and names the checkpoint to restore; runc's images stay
-    /// where they are, for the start.
-    pub async fn import_checkpoint(
-        &self,
-        path: &str,
-        id: &str,
-        image_lowers: Option<Vec<PathBuf>>,
-    ) -> Result<Imported> {
-        let store = self.store();
-        let path = PathBuf::from(path);
-        let owner = Owner {
-            namespace: self.namespace.clone(),
-            container: id.to_string(),
-            image_lowers,
-            limits: self.settings.import.clone(),
-        };
-        tokio::task::spawn_blocking(move || {
-            let how = placing_for(&path);
-            let found = import(&store, &path, how, &crate::reaper::ReaperSpawner, &owner)?;
-            if how == Placing::Take
-                && matches!(found, Imported::Belayer(_))
-                && let Err(e) = std::fs::remove_dir_all(&path)
-            {
-                log::warn!(
-                    "remove {}, containerd's unpacked checkpoint: {e}",
-                    path.display()
-                );
-            }
-            Ok(found)
-        })
-        .await
-        .map_err(|e| Error::Checkpoint(e.to_string()))?
-    }
 }
 
 #[cfg(test)]
@@ -551,7 +465,7 @@ mod tests {
     fn refusal(store: &criu_bridge::Store, export: &Path, owner: &Owner) -> String {
         import_as(store, export, owner)
             .expect_err("imported")
-            .to_string()
+            .message()
     }
 
     fn import_error(export: &Path) -> String {
@@ -559,7 +473,7 @@ mod tests {
         let store = criu_bridge::Store::new(store.path());
         let e = import_as(&store, export, &owner(&[]))
             .expect_err("a bad export imported")
-            .to_string();
+            .message();
         let leftovers: Vec<_> = std::fs::read_dir(store.root())
             .unwrap()
             .flatten()

@@ -10,27 +10,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
-/// One action.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct Entry {
-    /// Position in the journal, from 1.
-    pub index: u64,
-    pub exec_id: String,
-    pub args: Vec<String>,
-    pub cwd: String,
-    /// sha256 of the environment, `KEY=value` lines in order.
-    pub env_sha256: String,
-    pub started_unix_ms: u64,
-    pub ended_unix_ms: Option<u64>,
-    pub exit_code: Option<u32>,
-    /// The newest checkpoint when the action started.
-    pub after_checkpoint: Option<u64>,
-    /// The OCI process spec, for replay.
-    pub spec: serde_json::Value,
-}
+pub use belayer_api::journal::Entry;
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()

@@ -1,24 +1,23 @@
-//! Runs the `runc` binary. Every invocation is spawned without tokio's child handling and awaited
+//! Runs the `runc` binary for a container's life: create, exec, start, kill, delete, pause,
+//! resume, ps, update. Every invocation is spawned without tokio's child handling and awaited
 //! through the shared [`reaper`](crate::reaper), so the shim's SIGCHLD reaper never steals an
 //! exit status from us and we never steal one from it.
+//!
+//! Why a second runc client beside `criu_bridge::runc` (sync, for checkpoint, restore and state,
+//! which run on blocking threads): these calls hand runc the process's own stdio or a console
+//! socket and must not block the runtime while runc runs, so they are async and stream rather
+//! than capture. Both run over the same `--root` ([`runc_root`]) and classify runc's errors the
+//! same way (`criu_bridge::runc::says_no_container`).
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use crate::error::{Error, Result};
 use crate::reaper;
 
-/// Standard streams for the process runc starts (the container's init or an exec): given to runc,
-/// which hands them to the process. `None` is `/dev/null`.
-#[derive(Default)]
-pub struct ProcessStdio {
-    pub stdin: Option<OwnedFd>,
-    pub stdout: Option<OwnedFd>,
-    pub stderr: Option<OwnedFd>,
-}
+pub use crate::stdio::ProcessStdio;
 
 /// What an invocation does with its standard streams.
 enum Streams {
@@ -33,6 +32,11 @@ pub struct StartOpts<'a> {
     pub pid_file: &'a Path,
     pub console_socket: Option<&'a Path>,
     pub stdio: ProcessStdio,
+}
+
+/// runc's state directory for a containerd namespace.
+pub fn runc_root(namespace: &str) -> PathBuf {
+    PathBuf::from("/run/belayer/runc").join(namespace)
 }
 
 /// A runc binary with the global options every call shares.
@@ -140,6 +144,9 @@ impl Runc {
                     Some(String::from_utf8_lossy(&err).trim().to_string()).filter(|s| !s.is_empty())
                 })
                 .unwrap_or_else(|| format!("exit status {code}"));
+            if criu_bridge::runc::says_no_container(&message) {
+                return Err(Error::RuncNoContainer { step, message });
+            }
             return Err(Error::Runc { step, message });
         }
         Ok(out)

@@ -12,16 +12,11 @@ use containerd_shim::protos::api::DeleteResponse;
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::{Config, Flags, StartOpts};
 
-use crate::runc::Runc;
+use crate::runc::{Runc, runc_root};
 use crate::task::TaskService;
 
 /// The runtime type containerd and docker know this shim by.
-pub const RUNTIME_ID: &str = "io.containerd.belayer.v1";
-
-/// runc's state directory for a containerd namespace.
-pub fn runc_root(namespace: &str) -> PathBuf {
-    PathBuf::from("/run/belayer/runc").join(namespace)
-}
+pub use belayer_api::RUNTIME_ID;
 
 pub struct Service {
     namespace: String,
@@ -31,7 +26,7 @@ pub struct Service {
 }
 
 /// Containers of one Kubernetes pod share the sandbox's shim; so do the forks one
-/// `belayer fork` made ([`SHIM_GROUP_ANNOTATION`](crate::api::SHIM_GROUP_ANNOTATION)).
+/// `belayer fork` made ([`SHIM_GROUP_ANNOTATION`](belayer_api::SHIM_GROUP_ANNOTATION)).
 fn grouping(id: &str) -> String {
     let spec = std::fs::read("config.json").unwrap_or_default();
     serde_json::from_slice::<serde_json::Value>(&spec)
@@ -40,7 +35,7 @@ fn grouping(id: &str) -> String {
             let a = &v["annotations"];
             a["io.kubernetes.cri.sandbox-id"]
                 .as_str()
-                .or(a[crate::api::SHIM_GROUP_ANNOTATION].as_str())
+                .or(a[belayer_api::SHIM_GROUP_ANNOTATION].as_str())
                 .map(str::to_string)
         })
         .unwrap_or_else(|| id.to_string())
@@ -78,7 +73,7 @@ impl Shim for Service {
         crate::rootfs::unmount(&bundle.join("rootfs"));
         crate::control::remove(&self.namespace, &self.id);
         Ok(DeleteResponse {
-            exit_status: crate::task::SIGKILLED,
+            exit_status: crate::engine::SIGKILLED,
             exited_at: MessageField::some(crate::process::now()),
             ..Default::default()
         })
@@ -93,20 +88,15 @@ impl Shim for Service {
             log::error!("start reaper: {e}");
         }
         let runc = Runc::new(runc_root(&self.namespace), false);
-        let settings = crate::settings::Settings::load().unwrap_or_else(|e| {
-            log::error!("{e}; using default settings");
+        let settings = belayer_api::settings::Settings::load().unwrap_or_else(|e| {
+            log::error!("{}; using default settings", belayer_api::report::chain(&e));
             Default::default()
         });
         // Root-only at rest, whatever the umask or a deployment made of the store root.
         if let Err(e) = settings.store().secure() {
             log::error!("the checkpoint store is not private: {e}");
         }
-        TaskService::new(
-            &self.namespace,
-            runc,
-            settings,
-            publisher,
-            self.exit.clone(),
-        )
+        let engine = crate::engine::Engine::new(&self.namespace, runc, settings, publisher);
+        TaskService::new(engine, self.exit.clone())
     }
 }

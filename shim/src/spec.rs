@@ -18,8 +18,10 @@ impl Spec {
     pub fn load(bundle: &Path) -> Result<Self> {
         let path = bundle.join("config.json");
         let raw = std::fs::read(&path).map_err(io(format!("read {}", path.display())))?;
-        let value = serde_json::from_slice(&raw)
-            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", path.display())))?;
+        let value = serde_json::from_slice(&raw).map_err(|source| Error::Spec {
+            path: path.clone(),
+            source,
+        })?;
         Ok(Self { path, value })
     }
 
@@ -35,8 +37,46 @@ impl Spec {
             self.value["annotations"] = serde_json::json!({});
         }
         self.value["annotations"][key] = serde_json::Value::String(value.to_string());
-        let bytes = serde_json::to_vec(&self.value)
-            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", self.path.display())))?;
+        self.save()
+    }
+
+    /// Whether runc creates the container's network namespace (`linux.namespaces` has a
+    /// `network` entry without a `path`), rather than joining one (docker's, a pod's).
+    pub fn owns_netns(&self) -> bool {
+        self.value["linux"]["namespaces"]
+            .as_array()
+            .is_some_and(|all| {
+                all.iter().any(|ns| {
+                    ns["type"] == "network" && ns["path"].as_str().is_none_or(str::is_empty)
+                })
+            })
+    }
+
+    /// Appends a `createRuntime` hook running `path` with `args` (argv, `args[0]` first), unless
+    /// the spec already has one with those args, and writes the spec back. runc runs these hooks
+    /// when it creates the container and, on a restore, when CRIU has created its namespaces
+    /// (CRIU's `setup-namespaces` notification), before any process state is restored.
+    pub fn add_create_runtime_hook(&mut self, path: &str, args: &[&str]) -> Result<()> {
+        if !self.value["hooks"].is_object() {
+            self.value["hooks"] = serde_json::json!({});
+        }
+        let hooks = &mut self.value["hooks"]["createRuntime"];
+        if !hooks.is_array() {
+            *hooks = serde_json::json!([]);
+        }
+        let list = hooks.as_array_mut().expect("made an array above");
+        if !list.iter().any(|h| h["args"] == serde_json::json!(args)) {
+            list.push(serde_json::json!({ "path": path, "args": args }));
+        }
+        self.save()
+    }
+
+    /// Writes the spec back (a temporary file renamed over it), before runc reads it.
+    fn save(&self) -> Result<()> {
+        let bytes = serde_json::to_vec(&self.value).map_err(|source| Error::Spec {
+            path: self.path.clone(),
+            source,
+        })?;
         let tmp = self.path.with_extension("json.belayer-tmp");
         std::fs::write(&tmp, bytes).map_err(io(format!("write {}", tmp.display())))?;
         std::fs::rename(&tmp, &self.path).map_err(io(format!("replace {}", self.path.display())))
@@ -86,6 +126,37 @@ mod tests {
         )
         .unwrap();
         assert!(Spec::load(dir.path()).unwrap().terminal());
+    }
+
+    #[test]
+    fn adds_a_create_runtime_hook_once_and_tells_an_own_netns() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("config.json");
+        std::fs::write(
+            &cfg,
+            r#"{"hooks":{"prestart":[{"path":"/x"}]},"linux":{"namespaces":[{"type":"pid"},{"type":"network"}]}}"#,
+        )
+        .unwrap();
+        let mut spec = Spec::load(dir.path()).unwrap();
+        assert!(spec.owns_netns());
+        spec.add_create_runtime_hook("/bin/shim", &["shim", "hook"])
+            .unwrap();
+        spec.add_create_runtime_hook("/bin/shim", &["shim", "hook"])
+            .unwrap();
+        let again = Spec::load(dir.path()).unwrap();
+        assert_eq!(
+            again.value["hooks"]["createRuntime"],
+            serde_json::json!([{"path": "/bin/shim", "args": ["shim", "hook"]}])
+        );
+        assert_eq!(again.value["hooks"]["prestart"][0]["path"], "/x");
+        for joined in [
+            r#"{"linux":{"namespaces":[{"type":"network","path":"/var/run/netns/x"}]}}"#,
+            r#"{"linux":{"namespaces":[{"type":"pid"}]}}"#,
+            r#"{}"#,
+        ] {
+            std::fs::write(&cfg, joined).unwrap();
+            assert!(!Spec::load(dir.path()).unwrap().owns_netns(), "{joined}");
+        }
     }
 
     #[test]

@@ -14,7 +14,15 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, Result, io};
-use crate::runc::ProcessStdio;
+
+/// Standard streams for the process runc starts (the container's init or an exec): given to runc,
+/// which hands them to the process. `None` is `/dev/null`.
+#[derive(Default)]
+pub struct ProcessStdio {
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+}
 
 /// Where containerd wants a process's streams to go.
 #[derive(Clone, Debug, Default)]
@@ -141,6 +149,15 @@ fn pipe() -> Result<(File, File)> {
 
 /// Opens an output destination: a FIFO read+write (never blocks, never EPIPE; containerd holds
 /// the read side), or a regular file for appending.
+/// The shim's `/dev/null`, where output nobody asked for goes.
+fn discard() -> Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/null")
+        .map_err(io("open /dev/null"))
+}
+
 fn open_output(path: &str) -> Result<File> {
     let path = path.strip_prefix("file://").unwrap_or(path);
     if path.starts_with("binary://") {
@@ -275,12 +292,20 @@ impl PendingIo {
 impl ProcessIo {
     /// Pipes for a process without a terminal: returns the ends runc passes to the process and
     /// starts the copiers.
+    ///
+    /// A stream containerd gives no path for (a fork, a restore by `belayer restore`) is a pipe
+    /// all the same — stdin at end of file, output discarded — not runc's own descriptors: those
+    /// are the node's `/dev/null`, on a mount the container's mount namespace does not have, and
+    /// CRIU refuses to dump a process holding one ("Can't lookup mount ... path=/dev/null"), so
+    /// such a container could never be checkpointed.
     fn pipes(paths: &StdioPaths) -> Result<(ProcessStdio, ProcessIo)> {
         let mut stdio = ProcessStdio::default();
         let mut pio = ProcessIo::default();
-        if !paths.stdin.is_empty() {
-            let (r, w) = pipe()?;
-            stdio.stdin = Some(OwnedFd::from(r));
+        let (r, w) = pipe()?;
+        stdio.stdin = Some(OwnedFd::from(r));
+        if paths.stdin.is_empty() {
+            drop(w);
+        } else {
             *pio.stdin.lock().unwrap_or_else(|e| e.into_inner()) = Some(w);
             spawn_stdin(paths.stdin.clone(), pio.stdin.clone());
         }
@@ -288,10 +313,10 @@ impl ProcessIo {
             (&paths.stdout, &mut stdio.stdout),
             (&paths.stderr, &mut stdio.stderr),
         ] {
-            if path.is_empty() {
-                continue;
-            }
-            let out = open_output(path)?;
+            let out = match path.as_str() {
+                "" => discard()?,
+                path => open_output(path)?,
+            };
             let (r, w) = pipe()?;
             *slot = Some(OwnedFd::from(w));
             pio.drained.push(spawn_copy(r, out));
@@ -306,11 +331,7 @@ impl ProcessIo {
         // Without a reader the pty's buffer fills and the process blocks on its next write: a
         // task created without stdio (a fork) has its terminal output discarded instead.
         let out = match paths.stdout.as_str() {
-            "" => OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open("/dev/null")
-                .map_err(io("open /dev/null"))?,
+            "" => discard()?,
             path => open_output(path)?,
         };
         let reader = master.try_clone().map_err(io("dup terminal"))?;

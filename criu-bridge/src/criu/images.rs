@@ -23,6 +23,10 @@ pub const PSTREE_MAGIC: u32 = 0x5027_3030;
 pub const CORE_MAGIC: u32 = 0x5505_3847;
 /// `MNTS_MAGIC`.
 pub const MNTS_MAGIC: u32 = 0x5556_3928;
+/// `USERNS_MAGIC` of CRIU's `magic.h` (`userns-<id>.img`).
+pub const USERNS_MAGIC: u32 = 0x5547_4906;
+/// `SECCOMP_MAGIC` of CRIU's `magic.h` (`seccomp.img`).
+pub const SECCOMP_MAGIC: u32 = 0x6441_3049;
 /// The largest entry read: CRIU's core and pstree entries are a few KiB.
 pub const MAX_ENTRY: u32 = 16 << 20;
 /// The most entries read from one image (tasks of a tree, mounts of a namespace).
@@ -32,6 +36,9 @@ pub const MAX_IMAGE_FILE: u64 = 64 << 20;
 
 /// `seccomp_mode.filter` of `core.proto`.
 pub const SECCOMP_MODE_FILTER: i32 = 2;
+/// The kernel's `SECCOMP_FILTER_FLAG_TSYNC`: installing the filter installs it on every thread
+/// of the process.
+pub const SECCOMP_FILTER_FLAG_TSYNC: u32 = 1;
 
 /// Why a CRIU image cannot be read.
 #[derive(Debug, thiserror::Error)]
@@ -167,9 +174,31 @@ pub struct ThreadCoreEntry {
     /// `seccomp_mode`: 0 disabled, 1 strict, 2 filter.
     #[prost(int32, optional, tag = "11")]
     pub seccomp_mode: Option<i32>,
+    /// Index in `seccomp.img` of the newest filter of the thread's chain.
+    #[prost(uint32, optional, tag = "12")]
+    pub seccomp_filter: Option<u32>,
     /// The thread's comm.
     #[prost(string, optional, tag = "13")]
     pub comm: Option<String>,
+}
+
+/// `seccomp_filter` of `seccomp.proto`, without the BPF program itself.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SeccompFilter {
+    /// Index of the filter installed before this one in the same chain.
+    #[prost(uint32, optional, tag = "2")]
+    pub prev: Option<u32>,
+    /// The flags CRIU installs it with (`SECCOMP_FILTER_FLAG_*`).
+    #[prost(uint32, optional, tag = "3")]
+    pub flags: Option<u32>,
+}
+
+/// `seccomp_entry` of `seccomp.proto`: every filter of the dump.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SeccompEntry {
+    /// The filters, indexed by `thread_core_entry.seccomp_filter` and `prev`.
+    #[prost(message, repeated, tag = "1")]
+    pub seccomp_filters: Vec<SeccompFilter>,
 }
 
 /// `task_core_entry` of `core.proto` (the thread-group leader's core only).
@@ -230,6 +259,31 @@ impl TaskKobjIdsEntry {
             _ => None,
         }
     }
+}
+
+/// `uid_gid_extent` of `userns.proto`: one line of a uid or gid map.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, prost::Message)]
+pub struct UidGidExtent {
+    /// First id inside the namespace.
+    #[prost(uint32, required, tag = "1")]
+    pub first: u32,
+    /// First id outside (in the parent namespace).
+    #[prost(uint32, required, tag = "2")]
+    pub lower_first: u32,
+    /// How many ids.
+    #[prost(uint32, required, tag = "3")]
+    pub count: u32,
+}
+
+/// `userns_entry` of `userns.proto`: the maps CRIU writes into a user namespace it creates.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct UsernsEntry {
+    /// `uid_map`.
+    #[prost(message, repeated, tag = "1")]
+    pub uid_map: Vec<UidGidExtent>,
+    /// `gid_map`.
+    #[prost(message, repeated, tag = "2")]
+    pub gid_map: Vec<UidGidExtent>,
 }
 
 /// `inventory_entry` of `inventory.proto`, the field checked.
@@ -431,6 +485,31 @@ pub fn read_ids(dir: &Path, pid: u32) -> Result<Option<TaskKobjIdsEntry>, ImageE
         .next())
 }
 
+/// The maps of user namespace `id` (`dir/userns-<id>.img`: one entry); an empty entry when the
+/// image is missing, as CRIU then writes no map.
+pub fn read_userns(dir: &Path, id: u32) -> Result<UsernsEntry, ImageError> {
+    let path = dir.join(format!("userns-{id}.img"));
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Ok(UsernsEntry::default());
+    }
+    Ok(read_entries::<UsernsEntry>(&path, USERNS_MAGIC)?
+        .into_iter()
+        .next()
+        .unwrap_or_default())
+}
+
+/// The seccomp filters of the dump (`dir/seccomp.img`: one entry), `None` where the image is
+/// absent (no task had a filter).
+pub fn read_seccomp(dir: &Path) -> Result<Option<SeccompEntry>, ImageError> {
+    let path = dir.join("seccomp.img");
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Ok(None);
+    }
+    Ok(read_entries::<SeccompEntry>(&path, SECCOMP_MAGIC)?
+        .into_iter()
+        .next())
+}
+
 /// The tasks of `dir/pstree.img`.
 pub fn read_pstree(dir: &Path) -> Result<Vec<PstreeEntry>, ImageError> {
     let path = dir.join("pstree.img");
@@ -501,6 +580,7 @@ mod tests {
             thread_core: Some(ThreadCoreEntry {
                 creds: Some(creds()),
                 seccomp_mode: Some(SECCOMP_MODE_FILTER),
+                seccomp_filter: Some(0),
                 comm: None,
             }),
         };

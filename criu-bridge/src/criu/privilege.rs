@@ -6,7 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use super::images::{
-    self, CredsEntry, ImageError, MntEntry, SECCOMP_MODE_FILTER, TaskKobjIdsEntry,
+    self, CredsEntry, ImageError, MntEntry, SECCOMP_MODE_FILTER, TaskKobjIdsEntry, UidGidExtent,
+    UsernsEntry,
 };
 
 /// The capability names of `linux/capability.h`, by number.
@@ -151,6 +152,9 @@ pub struct Grant {
     pub devices: Vec<String>,
     /// The `linux.namespaces` types the container gets new (no `path`): `network`, `pid`, ...
     pub new_namespaces: Vec<String>,
+    /// `linux.uidMappings` and `linux.gidMappings`, sorted: the maps runc writes into the user
+    /// namespace it creates.
+    pub id_maps: [Vec<UidGidExtent>; 2],
 }
 
 const CAP_SETS: [(&str, &str); 5] = [
@@ -231,7 +235,24 @@ impl Grant {
             .filter(|n| n["path"].as_str().is_none_or(str::is_empty))
             .filter_map(|n| n["type"].as_str().map(String::from))
             .collect();
+        let id_maps = ["uidMappings", "gidMappings"].map(|key| {
+            let mut map: Vec<UidGidExtent> = spec["linux"][key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| {
+                    Some(UidGidExtent {
+                        first: u32_of(&m["containerID"])?,
+                        lower_first: u32_of(&m["hostID"])?,
+                        count: u32_of(&m["size"])?,
+                    })
+                })
+                .collect();
+            map.sort();
+            map
+        });
         Grant {
+            id_maps,
             uid: u32_of(&p["user"]["uid"]).unwrap_or(0),
             gids,
             caps,
@@ -589,12 +610,98 @@ pub fn check_namespaces(
     Ok(())
 }
 
+/// Checks the user namespace task `pid` is restored into. A task in a user namespace other
+/// than `host` (the one CRIU dumped from) gets one that CRIU creates and writes the maps of
+/// `userns` into: allowed only when the spec creates a user namespace too, and only with the
+/// spec's own maps — a map of the checkpoint's choosing (container root onto the node's root)
+/// would hand the task the node's files.
+pub fn check_user_namespace(
+    grant: &Grant,
+    pid: u32,
+    comm: &str,
+    ids: Option<&TaskKobjIdsEntry>,
+    host: &TaskKobjIdsEntry,
+    userns: impl FnOnce(u32) -> Result<UsernsEntry, ImageError>,
+) -> Result<(), PrivilegeError> {
+    let Some(own) = ids.and_then(|i| i.user_ns_id) else {
+        return Ok(());
+    };
+    if host.user_ns_id == Some(own) {
+        return Ok(());
+    }
+    let maps = userns(own)?;
+    let refuse = |field, found: String, allowed: String| PrivilegeError::Task {
+        pid,
+        tid: pid,
+        comm: comm.into(),
+        field,
+        found,
+        allowed,
+    };
+    if !grant.new_namespaces.iter().any(|n| n == "user") {
+        return Err(refuse(
+            "user_ns_id",
+            format!(
+                "user namespace {own} of its own (uid map {})",
+                show_map(&maps.uid_map)
+            ),
+            "the node's user namespace: the spec creates none".into(),
+        ));
+    }
+    for ((field, found), allowed) in [("uid_map", maps.uid_map), ("gid_map", maps.gid_map)]
+        .into_iter()
+        .zip(&grant.id_maps)
+    {
+        let mut found = found;
+        found.sort();
+        if &found != allowed {
+            return Err(refuse(field, show_map(&found), show_map(allowed)));
+        }
+    }
+    Ok(())
+}
+
+/// A uid or gid map as `/proc/<pid>/uid_map` writes it, lines joined by `, `.
+fn show_map(map: &[UidGidExtent]) -> String {
+    if map.is_empty() {
+        return "empty".into();
+    }
+    let lines: Vec<String> = map
+        .iter()
+        .map(|e| format!("{} {} {}", e.first, e.lower_first, e.count))
+        .collect();
+    lines.join(", ")
+}
+
 /// CRIU's `COMPEL_TASK_DEAD` and `COMPEL_TASK_ZOMBIE` task states (`task_core_entry.task_state`).
 const TASK_DEAD: u32 = 2;
 const TASK_ZOMBIE: u32 = 6;
 
+/// The seccomp mode CRIU's restore gives every thread of a task through its leader: where all
+/// threads share the leader's filter chain, CRIU writes the chain on the leader only, flagged
+/// `SECCOMP_FILTER_FLAG_TSYNC`, and no mode on the other threads; the restore installs the chain
+/// with that flag, on every thread. `None` when the leader's newest filter is not so flagged.
+fn tsync_mode(
+    leader: &images::CoreEntry,
+    filters: &mut dyn FnMut() -> Result<images::SeccompEntry, images::ImageError>,
+) -> Result<Option<i32>, images::ImageError> {
+    let Some(th) = &leader.thread_core else {
+        return Ok(None);
+    };
+    let (Some(images::SECCOMP_MODE_FILTER), Some(index)) = (th.seccomp_mode, th.seccomp_filter)
+    else {
+        return Ok(None);
+    };
+    let tsync = filters()?
+        .seccomp_filters
+        .get(index as usize)
+        .and_then(|f| f.flags)
+        .is_some_and(|f| f & images::SECCOMP_FILTER_FLAG_TSYNC != 0);
+    Ok(tsync.then_some(images::SECCOMP_MODE_FILTER))
+}
+
 /// Checks every task of the CRIU images in `image_dir` against `grant`. Reads `pstree.img`,
-/// each thread's `core-<tid>.img`, each task's `ids-<pid>.img`, `inventory.img` and the
+/// each thread's `core-<tid>.img`, `seccomp.img`, each task's `ids-<pid>.img`, `inventory.img` and the
 /// `mountpoints-*.img`; any image that is missing or
 /// malformed refuses the restore.
 pub fn check_images(image_dir: &Path, grant: &Grant) -> Result<(), PrivilegeError> {
@@ -603,6 +710,7 @@ pub fn check_images(image_dir: &Path, grant: &Grant) -> Result<(), PrivilegeErro
         .root_ids
         .unwrap_or_default();
     let mut threads = 0usize;
+    let mut seccomp: Option<images::SeccompEntry> = None;
     for task in &tasks {
         // A dead task (a zombie) is restored as one that exits at once: it runs nothing with any
         // privilege, and CRIU writes no thread images for it (its pstree thread ids are not
@@ -616,6 +724,12 @@ pub fn check_images(image_dir: &Path, grant: &Grant) -> Result<(), PrivilegeErro
         {
             continue;
         }
+        let tsync = tsync_mode(&main, &mut || {
+            if seccomp.is_none() {
+                seccomp = Some(images::read_seccomp(image_dir)?.unwrap_or_default());
+            }
+            Ok(seccomp.clone().unwrap_or_default())
+        })?;
         let tids: Vec<u32> = match task.threads.is_empty() {
             true => vec![task.pid],
             false => task.threads.clone(),
@@ -655,7 +769,7 @@ pub fn check_images(image_dir: &Path, grant: &Grant) -> Result<(), PrivilegeErro
                     tid,
                     comm,
                     creds,
-                    seccomp_mode: th.seccomp_mode.or(task_seccomp).unwrap_or(0),
+                    seccomp_mode: th.seccomp_mode.or(task_seccomp).or(tsync).unwrap_or(0),
                 },
             )?;
         }
@@ -664,6 +778,9 @@ pub fn check_images(image_dir: &Path, grant: &Grant) -> Result<(), PrivilegeErro
         if ids.is_some() || task.ppid == 0 {
             let comm = task_comm.as_deref().unwrap_or("comm unknown");
             check_namespaces(grant, task.pid, comm, ids.as_ref(), &host)?;
+            check_user_namespace(grant, task.pid, comm, ids.as_ref(), &host, |id| {
+                images::read_userns(image_dir, id)
+            })?;
         }
     }
     for (image, mounts) in images::read_mounts(image_dir)? {
@@ -744,6 +861,65 @@ mod tests {
             Err(PrivilegeError::Task { field, pid: 7, .. }) => field.into(),
             other => panic!("not refused for a task field: {other:?}"),
         }
+    }
+
+    #[test]
+    fn threads_take_the_leaders_filter_only_where_criu_restores_it_with_tsync() {
+        use images::{CoreEntry, SeccompEntry, SeccompFilter, ThreadCoreEntry};
+        let leader = |mode, filter| CoreEntry {
+            tc: None,
+            thread_core: Some(ThreadCoreEntry {
+                creds: None,
+                seccomp_mode: mode,
+                seccomp_filter: filter,
+                comm: None,
+            }),
+        };
+        let filters = |flags: Option<u32>| SeccompEntry {
+            seccomp_filters: vec![
+                SeccompFilter {
+                    prev: None,
+                    flags: None,
+                },
+                SeccompFilter {
+                    prev: Some(0),
+                    flags,
+                },
+            ],
+        };
+        let mode =
+            |core: &CoreEntry, f: SeccompEntry| tsync_mode(core, &mut || Ok(f.clone())).unwrap();
+        let filtered = leader(Some(images::SECCOMP_MODE_FILTER), Some(1));
+        // What CRIU 4.2 wrote for OpenHands' agent-server: the chain on the leader, TSYNC.
+        assert_eq!(
+            mode(&filtered, filters(Some(images::SECCOMP_FILTER_FLAG_TSYNC))),
+            Some(images::SECCOMP_MODE_FILTER)
+        );
+        // No TSYNC: a thread without a mode is restored without a filter, and is refused.
+        assert_eq!(mode(&filtered, filters(None)), None);
+        assert_eq!(mode(&filtered, filters(Some(2))), None);
+        // An index past the filters, a leader without a filter: nothing to inherit.
+        assert_eq!(
+            mode(
+                &leader(Some(images::SECCOMP_MODE_FILTER), Some(7)),
+                filters(Some(1))
+            ),
+            None
+        );
+        let mut read = false;
+        assert_eq!(
+            tsync_mode(&leader(None, None), &mut || {
+                read = true;
+                Ok(filters(Some(1)))
+            })
+            .unwrap(),
+            None
+        );
+        assert!(!read, "seccomp.img is read only for a leader with a filter");
+        // The refusal this prevents, and the one it keeps.
+        let g = Grant::from_spec(&spec());
+        assert!(check(&g, &creds(), images::SECCOMP_MODE_FILTER).is_ok());
+        assert_eq!(field(check(&g, &creds(), 0)), "seccomp_mode");
     }
 
     #[test]
@@ -916,6 +1092,77 @@ mod tests {
             field(check_namespaces(&g, 7, "sh", None, &host)),
             "pid_ns_id"
         );
+    }
+
+    /// A forged `ids` image that puts the init in a user namespace of its own, with a map of
+    /// the forger's choosing: refused unless the spec creates a user namespace with that map.
+    #[test]
+    fn a_user_namespace_needs_the_spec_and_its_maps() {
+        let ext = |first, lower_first, count| UidGidExtent {
+            first,
+            lower_first,
+            count,
+        };
+        let host = TaskKobjIdsEntry {
+            user_ns_id: Some(1),
+            ..Default::default()
+        };
+        let own = TaskKobjIdsEntry {
+            user_ns_id: Some(9),
+            ..Default::default()
+        };
+        let root_map = || {
+            Ok(UsernsEntry {
+                uid_map: vec![ext(0, 0, u32::MAX)],
+                gid_map: vec![ext(0, 0, u32::MAX)],
+            })
+        };
+        // No user namespace in the spec: the node's is the only one allowed.
+        let g = Grant::from_spec(&spec());
+        check_user_namespace(&g, 7, "sh", Some(&host), &host, |_| unreachable!()).unwrap();
+        check_user_namespace(&g, 7, "sh", None, &host, |_| unreachable!()).unwrap();
+        let r = check_user_namespace(&g, 7, "sh", Some(&own), &host, |_| root_map());
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("user_ns_id") && e.contains("0 0 4294967295"),
+            "{e}"
+        );
+
+        // A spec with a user namespace: its maps, in any order, and nothing else.
+        let mut s = spec();
+        s["linux"]["namespaces"] = serde_json::json!([{"type": "user"}, {"type": "pid"}]);
+        s["linux"]["uidMappings"] = serde_json::json!([
+            {"containerID": 1000, "hostID": 201000, "size": 1000},
+            {"containerID": 0, "hostID": 100000, "size": 1000},
+        ]);
+        s["linux"]["gidMappings"] = serde_json::json!([
+            {"containerID": 0, "hostID": 100000, "size": 65536},
+        ]);
+        let g = Grant::from_spec(&s);
+        let spec_maps = || {
+            Ok(UsernsEntry {
+                uid_map: vec![ext(0, 100000, 1000), ext(1000, 201000, 1000)],
+                gid_map: vec![ext(0, 100000, 65536)],
+            })
+        };
+        check_user_namespace(&g, 7, "sh", Some(&own), &host, |id| {
+            assert_eq!(id, 9);
+            spec_maps()
+        })
+        .unwrap();
+        let r = check_user_namespace(&g, 7, "sh", Some(&own), &host, |_| root_map());
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("uid_map") && e.contains("0 100000 1000, 1000 201000 1000"),
+            "{e}"
+        );
+        let wider_gids = || {
+            let mut m = spec_maps()?;
+            m.gid_map[0].count += 1;
+            Ok(m)
+        };
+        let r = check_user_namespace(&g, 7, "sh", Some(&own), &host, |_| wider_gids());
+        assert_eq!(field(r), "gid_map");
     }
 
     fn mnt(fstype: u32, mountpoint: &str, flags: u32) -> MntEntry {

@@ -1,5 +1,5 @@
-"""The control API's answers as dataclasses, mirroring the Rust types of ``shim/src/api.rs``,
-``shim/src/auto.rs`` and ``shim/src/journal.rs``.
+"""The control API's answers as dataclasses, mirroring the Rust types of ``api/src/control.rs``,
+``api/src/policy.rs`` and ``api/src/journal.rs``.
 
 Every record keeps the fields it does not know in ``extra``, so a newer shim's additions are
 not lost; a field it knows but the answer lacks is a :class:`~belayer.errors.ProtocolError`.

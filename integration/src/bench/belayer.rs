@@ -1,6 +1,8 @@
 //! Belayer's side: the episode under the Belayer runtime, `belayer checkpoint`, restore in place
 //! after a crash, restore of a live container, and forks of 1, 2, 4 and 8 with the machine's CPU
-//! time each took — every restore checked.
+//! time each took — every restore timed to its task running and to its memory intact, and
+//! checked. Under two node settings: Belayer's defaults (lazy restore, nftables network lock) and
+//! the baselines' own (eager restore, CRIU's default iptables lock), the like-for-like case.
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,33 @@ use crate::bench::stats::Samples;
 use crate::containerd::{Containerd, Out};
 use crate::episode::{self, Action, Sandbox};
 
+/// The node settings a measurement runs under.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    /// The samples' key prefix and the checks' system name.
+    pub key: &'static str,
+    /// Belayer's config.toml for the shims (None: the defaults).
+    pub config: Option<&'static str>,
+    /// Measure everything (checkpoint, live restores, the restore's split, every fork count);
+    /// else the restore in place and the fork of 1.
+    pub full: bool,
+}
+
+/// Belayer's defaults: lazy restore, CRIU's nftables network lock.
+pub const DEFAULTS: Settings = Settings {
+    key: "belayer",
+    config: None,
+    full: true,
+};
+
+/// The baselines' settings: memory read before the processes run, CRIU's default (iptables)
+/// network lock.
+pub const LIKE_BASELINES: Settings = Settings {
+    key: "belayer_eager",
+    config: Some("lazy_restore = \"off\"\nnetwork_lock = \"iptables\"\n"),
+    full: false,
+};
+
 /// How many forks the fork measurement starts.
 pub const FORKS: u32 = 8;
 
@@ -20,9 +49,10 @@ pub const FORKS: u32 = 8;
 /// count, beside the CPU it takes, shows whether it is bound by the machine's cores.
 pub const FORK_COUNTS: &[u32] = &[1, 2, 4, FORKS];
 
-/// The samples' key of a fork of `n`'s wall time; `{key}_cpu` holds its CPU time.
-pub fn fork_key(n: u32) -> String {
-    format!("belayer_fork{n}")
+/// The samples' key of a fork of `n`'s wall time under settings `prefix`; `{key}_cpu` holds its
+/// CPU time, `{key}_memory` its time to every fork's memory intact.
+pub fn fork_key(prefix: &str, n: u32) -> String {
+    format!("{prefix}_fork{n}")
 }
 
 /// Runs `belayer ARGS`, returning its output and wall time.
@@ -32,47 +62,71 @@ fn timed(c: &Containerd, args: &[&str]) -> (Out, f64) {
     (out, start.elapsed().as_secs_f64())
 }
 
-/// Runs a `belayer restore`, then waits for `ctr tasks ls` to show the task running; the
-/// time covers both.
+/// Runs a `belayer restore`, then waits for `ctr tasks ls` to show the task running, then for
+/// its holder to answer with its memory's digest; records both times under `key` and
+/// `{key}_memory`, and checks the restored container.
+#[allow(clippy::too_many_arguments)]
 fn restore(
     c: &Containerd,
+    set: Settings,
     run: u32,
     what: &str,
+    key: &str,
     args: &[&str],
+    samples: &mut Samples,
     checks: &mut Checks,
-) -> Option<f64> {
+) {
     let start = Instant::now();
     let out = c.belayer(args);
     let running =
         out.code == 0 && ctrd::wait_status(c, &[args[1]], "RUNNING", Duration::from_secs(60));
     let secs = start.elapsed().as_secs_f64();
+    let target = format!("{} ({what})", args[1]);
     checks.record(
-        "belayer",
+        set.key,
         run,
-        args[1],
+        &target,
         &format!("{what} runs the task"),
         running,
         format!("{out:?}"),
     );
-    running.then_some(secs)
+    if !running {
+        return;
+    }
+    let s = Sandbox::attach(c, args[1]);
+    let exec = |script: &str| s.exec(script, None);
+    let digest = check::digest_after_restore(checks, set.key, run, &target, None, &exec);
+    let memory = start.elapsed().as_secs_f64();
+    samples.push(key, secs);
+    samples.push(&format!("{key}_memory"), memory);
+    eprintln!("  {key}: running {secs:.2}s, memory intact {memory:.2}s");
+    check::restored(checks, set.key, run, &target, &digest, &exec);
 }
 
-/// One run of Belayer's measurements; returns the checkpoint's manifest figures.
+/// One run of Belayer's measurements under `set`; returns the checkpoint's manifest figures.
 pub fn measure(
     c: &Containerd,
+    set: Settings,
     run: u32,
     actions: &[Action],
     samples: &mut Samples,
     checks: &mut Checks,
 ) -> Value {
-    let id = format!("belayer-{run}");
+    let k = |what: &str| format!("{}_{what}", set.key);
+    let id = format!("{}-{run}", set.key.replace('_', "-"));
     let (s, secs) = ctrd::episode(c, BELAYER, &id, actions);
-    samples.push("episode_belayer", secs);
-    let exec = |script: &str| s.exec(script, None);
+    samples.push(&k("episode"), secs);
+    // What asking for the digest costs with no restore behind it: part of every "memory
+    // intact" time, on every side.
+    let t = Instant::now();
+    let live = check::ask_digest(&|script| s.exec(script, None));
+    if live.code == 0 {
+        samples.push(&k("digest_live"), t.elapsed().as_secs_f64());
+    }
 
     let (out, secs) = timed(c, &["checkpoint", &id]);
     checks.record(
-        "belayer",
+        set.key,
         run,
         &id,
         "belayer checkpoint succeeds",
@@ -83,66 +137,58 @@ pub fn measure(
     let info: Value =
         serde_json::from_str(&c.belayer(&["inspect", &id, &cp]).stdout).unwrap_or(Value::Null);
     let frozen_us = info["timings"]["frozen_us"].as_u64();
-    checks.record(
-        "belayer",
-        run,
-        &id,
-        "inspect shows the frozen time",
-        frozen_us.is_some(),
-        info.to_string(),
-    );
-    samples.push("belayer_checkpoint", secs);
+    samples.push(&k("checkpoint"), secs);
     if let Some(us) = frozen_us {
-        samples.push("belayer_frozen", us as f64 / 1e6);
+        samples.push(&k("frozen"), us as f64 / 1e6);
     }
     eprintln!(
-        "  belayer checkpoint {secs:.2}s (frozen {:.2}s)",
+        "  {} checkpoint {secs:.2}s (frozen {:.2}s)",
+        set.key,
         frozen_us.unwrap_or(0) as f64 / 1e6
     );
 
     s.run(&episode::more_changes());
     ctrd::crash(c, &id);
-    if let Some(secs) = restore(c, run, "restore after a crash", &["restore", &id], checks) {
-        samples.push("belayer_restore", secs);
-        eprintln!("  belayer restore in place {secs:.2}s");
-        check::restored(
-            checks,
-            "belayer",
-            run,
-            &format!("{id} (in place)"),
-            None,
-            &exec,
-        );
-        check::rolled_back(checks, "belayer", run, &format!("{id} (in place)"), &exec);
-    }
-
-    s.run(&episode::more_changes());
-    if let Some(secs) = restore(
+    restore(
         c,
+        set,
         run,
-        "restore of a live container",
-        &["restore", &id, "--checkpoint", &cp],
+        "in place after a crash",
+        &k("restore"),
+        &["restore", &id],
+        samples,
         checks,
-    ) {
-        samples.push("belayer_restore_live", secs);
-        eprintln!("  belayer restore live {secs:.2}s");
-        check::restored(checks, "belayer", run, &format!("{id} (live)"), None, &exec);
-        check::rolled_back(checks, "belayer", run, &format!("{id} (live)"), &exec);
+    );
+    if set.full {
+        s.run(&episode::more_changes());
+        restore(
+            c,
+            set,
+            run,
+            "live",
+            &k("restore_live"),
+            &["restore", &id, "--checkpoint", &cp],
+            samples,
+            checks,
+        );
+        breakdown(c, set, run, &id, &cp, samples, checks);
     }
-
-    breakdown(c, run, &id, &cp, samples, checks);
-    for &n in FORK_COUNTS {
-        fork(c, run, &id, &cp, n, samples, checks);
+    let counts: &[u32] = if set.full { FORK_COUNTS } else { &[1] };
+    for &n in counts {
+        fork(c, set, run, &id, &cp, n, samples, checks);
     }
     ctrd::remove(c, &id);
     let _ = c.belayer(&["rm", &id, &cp]);
-    json!({ "run": run, "checkpoint": cp, "sizes": info["sizes"], "timings": info["timings"], "criu_stats": info["criu_stats"] })
+    json!({ "settings": set.key, "run": run, "checkpoint": cp, "sizes": info["sizes"], "timings": info["timings"], "criu_stats": info["criu_stats"] })
 }
 
-/// `belayer fork --count N`, timed until all N tasks run, with the machine's busy CPU time over
-/// the same span; each fork checked, then removed.
+/// `belayer fork --count N`, timed until all N tasks run and until every fork's holder has
+/// answered with its memory's digest, with the machine's busy CPU time over the first span;
+/// each fork checked, then removed.
+#[allow(clippy::too_many_arguments)]
 fn fork(
     c: &Containerd,
+    set: Settings,
     run: u32,
     id: &str,
     cp: &str,
@@ -162,7 +208,7 @@ fn fork(
     let secs = start.elapsed().as_secs_f64();
     let cpu = crate::machine_cpu_since(cpu_before);
     checks.record(
-        "belayer",
+        set.key,
         run,
         id,
         &format!("fork of {n} runs {n} tasks"),
@@ -170,7 +216,7 @@ fn fork(
         format!("{out:?}"),
     );
     if running {
-        let key = fork_key(n);
+        let key = fork_key(set.key, n);
         samples.push(&key, secs);
         if let Some((busy, steal)) = cpu {
             samples.push(&format!("{key}_cpu"), busy);
@@ -178,11 +224,21 @@ fn fork(
         }
         let (busy, steal) = cpu.unwrap_or((f64::NAN, f64::NAN));
         eprintln!("  belayer fork of {n} {secs:.2}s (busy CPU {busy:.2}s, stolen {steal:.2}s)");
-        for f in &forks {
+        let digests: Vec<Out> = forks
+            .iter()
+            .map(|f| {
+                let s = Sandbox::attach(c, f);
+                check::digest_after_restore(checks, set.key, run, f, None, &|script| {
+                    s.exec(script, None)
+                })
+            })
+            .collect();
+        samples.push(&format!("{key}_memory"), start.elapsed().as_secs_f64());
+        for (f, digest) in forks.iter().zip(&digests) {
             let s = Sandbox::attach(c, f);
-            let exec = |script: &str| s.exec(script, None);
-            check::restored(checks, "belayer", run, f, None, &exec);
-            check::rolled_back(checks, "belayer", run, f, &exec);
+            check::restored(checks, set.key, run, f, digest, &|script| {
+                s.exec(script, None)
+            });
         }
     }
     for f in &forks {
@@ -194,6 +250,7 @@ fn fork(
 /// own split of the time (the CLI does not print it); checked like the others.
 fn breakdown(
     c: &Containerd,
+    set: Settings,
     run: u32,
     id: &str,
     cp: &str,
@@ -209,7 +266,7 @@ fn breakdown(
     };
     let ok = answer.is_ok() && ctrd::task_status(c, id) == "RUNNING";
     checks.record(
-        "belayer",
+        set.key,
         run,
         id,
         "restore through the control API runs the task",
@@ -231,12 +288,8 @@ fn breakdown(
     }
     eprintln!("  belayer restore (control API) {secs:.2}s: {info}");
     let s = Sandbox::attach(c, id);
-    check::restored(
-        checks,
-        "belayer",
-        run,
-        &format!("{id} (control API)"),
-        None,
-        &|script| s.exec(script, None),
-    );
+    let exec = |script: &str| s.exec(script, None);
+    let target = format!("{id} (control API)");
+    let digest = check::digest_after_restore(checks, set.key, run, &target, None, &exec);
+    check::restored(checks, set.key, run, &target, &digest, &exec);
 }

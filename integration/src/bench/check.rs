@@ -10,9 +10,13 @@ use crate::episode::is_contiguous;
 /// Asks the background process for the sha256 of its memory now.
 const ASK_DIGEST: &str = "python3 -c 'import socket; s = socket.create_connection((\"127.0.0.1\", 8765), timeout=30); print(s.recv(64).decode())'";
 
-/// One check's outcome. Belayer's checks gate the exit status; the baselines' are findings
-/// about them (reported, not fatal: a baseline restore that is broken only flatters the
-/// baseline's time).
+/// What only the baselines' restores show, and no check of the restored state: their network
+/// namespace comes back with loopback down. Reported as a finding, not gating.
+pub const REACHABLE: &str = "127.0.0.1 reachable after restore";
+
+/// One check's outcome. Every side's checks of the restored state (memory, counter,
+/// filesystem) gate the exit status alike: a baseline whose restore is broken would flatter
+/// its time. Loopback found down ([`REACHABLE`]) is a finding.
 #[derive(Clone, Debug)]
 pub struct Check {
     pub system: &'static str,
@@ -26,7 +30,7 @@ pub struct Check {
 
 impl Check {
     pub fn gating(&self) -> bool {
-        self.system == "belayer"
+        self.what != REACHABLE
     }
 }
 
@@ -67,7 +71,7 @@ impl Checks {
         self.0.push(c);
     }
 
-    /// Failed checks that gate the exit status (Belayer's).
+    /// Failed checks that gate the exit status.
     pub fn failed(&self) -> usize {
         self.0.iter().filter(|c| c.gating() && !c.ok).count()
     }
@@ -110,54 +114,69 @@ fn tail(ns: &[u64]) -> String {
     )
 }
 
-/// Checks a restored episode through `exec` (runs a shell script in the container named
-/// `target`). `pid`: a process of the container, for the baselines: when their restored
+/// Asks the episode's background process for the digest of its memory now.
+pub fn ask_digest(exec: &dyn Fn(&str) -> Out) -> Out {
+    exec(ASK_DIGEST)
+}
+
+/// Asks the restored episode's background process for the digest of its memory (it touches
+/// every page to compute it, so the answer means the memory is all there): the stop point
+/// "memory intact". `pid`: a process of the container, for the baselines: when their restored
 /// network namespace has its loopback down (so the holder is unreachable), that is recorded,
-/// loopback is brought up from the host with `nsenter … ip link set lo up`, and the memory
-/// is checked after all.
-pub fn restored(
+/// loopback is brought up from the host with `nsenter … ip link set lo up`, and it is asked
+/// again.
+pub fn digest_after_restore(
     checks: &mut Checks,
     system: &'static str,
     run: u32,
     target: &str,
     pid: Option<u32>,
     exec: &dyn Fn(&str) -> Out,
-) {
-    let mut now = exec(ASK_DIGEST);
-    if let Some(pid) = pid {
-        let up = now.code == 0;
-        let why = if up {
-            String::new()
-        } else {
-            format!(
-                "{} (then: nsenter -t {pid} -n ip link set lo up)",
-                last_line(&now.stderr)
-            )
-        };
-        checks.record(
-            system,
-            run,
-            target,
-            "127.0.0.1 reachable after restore",
-            up,
-            why,
-        );
-        if !up {
-            let _ = std::process::Command::new("nsenter")
-                .args([
-                    "-t",
-                    &pid.to_string(),
-                    "-n",
-                    "ip",
-                    "link",
-                    "set",
-                    "lo",
-                    "up",
-                ])
-                .status();
-            now = exec(ASK_DIGEST);
-        }
+) -> Out {
+    let now = exec(ASK_DIGEST);
+    let Some(pid) = pid else {
+        return now;
+    };
+    let up = now.code == 0;
+    let why = if up {
+        String::new()
+    } else {
+        format!(
+            "{} (then: nsenter -t {pid} -n ip link set lo up)",
+            last_line(&now.stderr)
+        )
+    };
+    checks.record(system, run, target, REACHABLE, up, why);
+    if up {
+        return now;
     }
+    let _ = std::process::Command::new("nsenter")
+        .args([
+            "-t",
+            &pid.to_string(),
+            "-n",
+            "ip",
+            "link",
+            "set",
+            "lo",
+            "up",
+        ])
+        .status();
+    exec(ASK_DIGEST)
+}
+
+/// Checks a restored episode through `exec` (runs a shell script in the container named
+/// `target`): the memory digest `now` (from [`digest_after_restore`]) equals the one at the
+/// start, the counter file is 1..N and still grows, and the filesystem tree is the
+/// checkpoint's (a file made after it is gone, the package installed before it imports).
+pub fn restored(
+    checks: &mut Checks,
+    system: &'static str,
+    run: u32,
+    target: &str,
+    now: &Out,
+    exec: &dyn Fn(&str) -> Out,
+) {
     let at_start = exec("cat /work/holder.ready");
     let (digest, at_start) = (now.stdout.trim(), at_start.stdout.trim());
     checks.record(
@@ -190,6 +209,7 @@ pub fn restored(
         later.len() > first.len() && is_contiguous(&later),
         tail(&later),
     );
+    rolled_back(checks, system, run, target, exec);
 }
 
 fn last_line(s: &str) -> &str {
@@ -197,7 +217,7 @@ fn last_line(s: &str) -> &str {
 }
 
 /// Checks that a file made after the checkpoint is gone (the filesystem was rolled back).
-pub fn rolled_back(
+fn rolled_back(
     checks: &mut Checks,
     system: &'static str,
     run: u32,

@@ -4,14 +4,9 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 
+use belayer_api::socket_path as socket;
 use serde_json::{Value, json};
-
-/// The control socket of container `id` in namespace `ns` (the shim's `api::socket_path`).
-fn socket(ns: &str, id: &str) -> PathBuf {
-    PathBuf::from(format!("/run/belayer/ctl/{ns}/{id}.sock"))
-}
 
 /// `POST /v1/containers/{id}/restore {"checkpoint": seq}`; the shim's answer (`verify_ms`,
 /// `mount_ms`, `restore_ms`, `total_ms`, …) or its error.

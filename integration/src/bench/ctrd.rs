@@ -8,7 +8,7 @@ use crate::bench::check::{self, Checks};
 use crate::bench::stats::Samples;
 use crate::bench::wait_until;
 use crate::containerd::Containerd;
-use crate::episode::{Action, SANDBOX, Sandbox};
+use crate::episode::{self, Action, SANDBOX, Sandbox};
 
 pub const RUNC: &str = "io.containerd.runc.v2";
 pub const BELAYER: &str = "io.containerd.belayer.v1";
@@ -100,8 +100,10 @@ pub fn replay(c: &Containerd, run: u32, actions: &[Action], samples: &mut Sample
     remove(c, &id);
 }
 
-/// containerd's own: `ctr c checkpoint --rw --task` of the episode under runc, the task
-/// crashes, `ctr c restore --rw --live` into a new container; timed until the task runs.
+/// containerd's own: `ctr c checkpoint --rw --task` of the episode under runc, more changes,
+/// the task crashes, `ctr c restore --rw --live` into a new container (eagerly, with CRIU's
+/// default network lock); timed until the task runs and until its memory is intact, checked
+/// like Belayer's.
 pub fn containerd_own(
     c: &Containerd,
     run: u32,
@@ -112,7 +114,7 @@ pub fn containerd_own(
     let id = format!("ctrd-{run}");
     let restored = format!("ctrd-{run}-restored");
     let image = format!("belayer.local/bench-checkpoint:{run}");
-    episode(c, RUNC, &id, actions);
+    let (s, _) = episode(c, RUNC, &id, actions);
 
     let start = Instant::now();
     let out = c.ctr(&["containers", "checkpoint", "--rw", "--task", &id, &image]);
@@ -125,6 +127,7 @@ pub fn containerd_own(
         out.code == 0,
         out.stderr.trim(),
     );
+    s.run(&episode::more_changes());
     crash(c, &id);
     remove(c, &id);
 
@@ -141,18 +144,18 @@ pub fn containerd_own(
         format!("{out:?}"),
     );
     if running {
+        let s = Sandbox::attach(c, &restored);
+        let exec = |script: &str| s.exec(script, None);
+        let pid = task_pid(c, &restored);
+        let digest = check::digest_after_restore(checks, "containerd", run, &restored, pid, &exec);
+        let memory = start.elapsed().as_secs_f64();
         samples.push("containerd_checkpoint", checkpoint);
         samples.push("containerd_restore", restore);
-        eprintln!("  containerd checkpoint {checkpoint:.2}s restore {restore:.2}s");
-        let s = Sandbox::attach(c, &restored);
-        check::restored(
-            checks,
-            "containerd",
-            run,
-            &restored,
-            task_pid(c, &restored),
-            &|script| s.exec(script, None),
+        samples.push("containerd_restore_memory", memory);
+        eprintln!(
+            "  containerd checkpoint {checkpoint:.2}s restore {restore:.2}s (memory intact {memory:.2}s)"
         );
+        check::restored(checks, "containerd", run, &restored, &digest, &exec);
     }
     remove(c, &restored);
     let _ = c.ctr(&["images", "rm", &image]);

@@ -1,24 +1,57 @@
-//! `belayer-bench env`: Belayer's environment checkpoint, restore and fork against what a
-//! framework has today (replaying the episode in a fresh container), containerd's own
-//! checkpoint/restore and podman's, all on the reference episode and in one run.
+//! Belayer's benchmarks, in one home: `belayer-bench SUITE` runs one of them. Each suite takes
+//! its arguments through clap (with [`Common`]'s `--out`), keeps its samples in
+//! [`stats::Samples`], writes its record through [`record::Record`] (results.json, table.md,
+//! plot.svg, and one JSON object as the last stdout line) and draws with [`plot`].
+//!
+//! - `env`: environment checkpoint, restore and fork against replay, containerd and podman;
+//! - `gateway`: the latency `belayer gateway` adds to a request;
+//! - `rollout`: an end-to-end rollout with injected failures, with and without Belayer;
+//! - `worker`: the rollout worker's recovery (shadow takeover + KV rebuild vs a cold start);
+//! - `sched`: the checkpoint-scheduling simulator;
+//! - `chaos`, `zdtm`: the fault-injection soak and CRIU's ZDTM suite through Belayer.
 
-pub mod args;
 pub mod belayer;
+pub mod chaos;
 pub mod check;
 pub mod control;
 pub mod ctrd;
+pub mod env;
+pub mod gateway;
 pub mod openai;
+pub mod plot;
 pub mod podman;
+pub mod record;
 pub mod report;
 pub mod rollout;
+pub mod sched;
 pub mod stats;
-pub mod svg;
+pub mod worker;
+pub mod zdtm;
 
+use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-/// Start-up shared by the benchmark binaries: refuses to run unless root (containerd, runc and
-/// CRIU need it), and points the harness at the workspace binaries beside this one
-/// (`$BELAYER_BIN_DIR`, unless set). Call first thing in `main`, while single-threaded.
+/// Arguments every suite takes.
+#[derive(clap::Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Common {
+    /// Where results.json, table.md and plot.svg go [default: bench-out/SUITE]
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+}
+
+impl Common {
+    /// `--out`, or `bench-out/SUITE`.
+    pub fn out(&self, suite: &str) -> PathBuf {
+        self.out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("bench-out").join(suite))
+    }
+}
+
+/// Start-up of the suites that drive containerd: refuses to run unless root (containerd, runc
+/// and CRIU need it), and points the harness at the workspace binaries beside this one
+/// (`$BELAYER_BIN_DIR`, unless set). Call first thing, while single-threaded.
 pub fn start_as_root(bench: &str) -> Result<(), String> {
     // SAFETY: geteuid(2) has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -39,45 +72,48 @@ pub fn start_as_root(bench: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The `main` of a benchmark binary `name`: `parsed` is its command line (`None`: it asked for
-/// `--help`, and `usage` is printed). Then [`start_as_root`], `prepare` (set-up done while still
-/// single-threaded) and `bench`. Exits 0 when every check passed, 1 when one failed or the run
-/// broke, 2 for a bad command line or a failed set-up; errors are one line on stderr.
-pub fn run_main<A>(
-    name: &str,
-    usage: &str,
-    parsed: Result<Option<A>, String>,
-    prepare: impl FnOnce() -> Result<(), String>,
-    bench: impl FnOnce(&A) -> Result<bool, String>,
-) -> std::process::ExitCode {
-    use std::process::ExitCode;
-    let args = match parsed {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            println!("{usage}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("{name}: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if let Err(e) = start_as_root(name) {
-        eprintln!("{e}");
+/// Runs suite `name`: [`start_as_root`] first when it needs `root`, then `bench`. Exits 0
+/// when every check passed, 1 when one failed or the run broke, 2 for a failed set-up; errors
+/// are one line on stderr.
+pub fn run_main(name: &str, root: bool, bench: impl FnOnce() -> Result<bool, String>) -> ExitCode {
+    if root && let Err(e) = start_as_root(name) {
+        eprintln!("belayer-bench {e}");
         return ExitCode::from(2);
     }
-    if let Err(e) = prepare() {
-        eprintln!("{name}: {e}");
-        return ExitCode::from(2);
-    }
-    match bench(&args) {
+    match bench() {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
-            eprintln!("{name}: {e}");
+            eprintln!("belayer-bench {name}: {e}");
             ExitCode::from(1)
         }
     }
+}
+
+/// Hard-links (or copies) the binaries under test into a private directory beside them and
+/// points `$BELAYER_BIN_DIR` there: the target dir is shared with builds that replace them
+/// while a benchmark runs. Call while single-threaded; the caller removes the directory
+/// (`prereq::bin_dir()`) when done.
+pub fn snapshot_bins(names: &[&str]) -> Result<PathBuf, String> {
+    let from = crate::prereq::bin_dir();
+    let to = from.join(format!(".bench-{}", std::process::id()));
+    std::fs::create_dir_all(&to).map_err(|e| format!("create {}: {e}", to.display()))?;
+    for b in names {
+        let (src, dst) = (from.join(b), to.join(b));
+        if !src.is_file() {
+            return Err(format!(
+                "{} is missing: build the workspace (cargo build --release --workspace --bins)",
+                src.display()
+            ));
+        }
+        let _ = std::fs::remove_file(&dst);
+        if std::fs::hard_link(&src, &dst).is_err() {
+            std::fs::copy(&src, &dst).map_err(|e| format!("copy {}: {e}", src.display()))?;
+        }
+    }
+    // SAFETY: the caller is single-threaded, nothing reads the environment concurrently.
+    unsafe { std::env::set_var("BELAYER_BIN_DIR", &to) };
+    Ok(to)
 }
 
 /// Polls `f` every 20 ms until it holds or `limit` passes; returns whether it held.
@@ -90,4 +126,13 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     f()
+}
+
+/// Parses `argv` (without the program name) as a suite's arguments `A`, as `belayer-bench
+/// SUITE` would: for the suites' tests of their flags.
+pub fn parse_args<A: clap::Args + clap::FromArgMatches>(argv: &[&str]) -> Result<A, clap::Error> {
+    let cmd = A::augment_args(clap::Command::new("belayer-bench"));
+    let m =
+        cmd.try_get_matches_from(std::iter::once("belayer-bench").chain(argv.iter().copied()))?;
+    A::from_arg_matches(&m)
 }

@@ -81,24 +81,13 @@ impl Podman {
             == "true"
     }
 
-    /// One run: the episode, `checkpoint --export`, the container removed (a crash),
-    /// `restore --import` timed until podman reports it running, then checked.
-    pub fn measure(
-        &self,
-        run: u32,
-        actions: &[Action],
-        samples: &mut Samples,
-        checks: &mut Checks,
-    ) -> Result<(), String> {
-        let name = format!("podman-{run}");
-        let restored = format!("{name}-restored");
-        let archive = self.dir.join(format!("{name}.tar"));
-        let archive_s = archive.display().to_string();
+    /// Starts container `name` and runs the episode in it.
+    fn episode(&self, name: &str, actions: &[Action]) -> Result<(), String> {
         let out = self.cmd(&[
             "run",
             "-d",
             "--name",
-            &name,
+            name,
             "--network",
             "none",
             "--ulimit",
@@ -113,7 +102,7 @@ impl Podman {
             return Err(format!("podman run: {}", out.stderr.trim()));
         }
         for a in actions {
-            let out = self.exec(&name, &a.script, a.stdin.as_deref());
+            let out = self.exec(name, &a.script, a.stdin.as_deref());
             if out.code != 0 {
                 return Err(format!(
                     "action {} under podman: {}",
@@ -122,6 +111,96 @@ impl Podman {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// Times `restore` until podman reports `restored` running and until its memory is intact;
+    /// records both under `key` and checks the container like every other side's.
+    #[allow(clippy::too_many_arguments)]
+    fn timed_restore(
+        &self,
+        run: u32,
+        key: &str,
+        what: &str,
+        restored: &str,
+        restore: &[&str],
+        samples: &mut Samples,
+        checks: &mut Checks,
+    ) -> bool {
+        let start = Instant::now();
+        let out = self.cmd(restore);
+        let running = out.code == 0 && self.running(restored);
+        let secs = start.elapsed().as_secs_f64();
+        checks.record(
+            "podman",
+            run,
+            restored,
+            &format!("{what} runs the container"),
+            running,
+            format!("{out:?}"),
+        );
+        if !running {
+            return false;
+        }
+        let pid = self
+            .cmd(&["inspect", "-f", "{{.State.Pid}}", restored])
+            .stdout
+            .trim()
+            .parse()
+            .ok();
+        let exec = |s: &str| self.exec(restored, s, None);
+        let digest = check::digest_after_restore(checks, "podman", run, restored, pid, &exec);
+        let memory = start.elapsed().as_secs_f64();
+        samples.push(key, secs);
+        samples.push(&format!("{key}_memory"), memory);
+        eprintln!("  {what}: running {secs:.2}s, memory intact {memory:.2}s");
+        check::restored(checks, "podman", run, restored, &digest, &exec);
+        true
+    }
+
+    /// One run, both of podman's paths: `container checkpoint` + `container restore` of the same
+    /// container on this host (local), and `checkpoint --export`, the container removed (a
+    /// crash), `restore --import` into a new one; each restore timed until podman reports it
+    /// running and until its memory is intact, and checked.
+    pub fn measure(
+        &self,
+        run: u32,
+        actions: &[Action],
+        samples: &mut Samples,
+        checks: &mut Checks,
+    ) -> Result<(), String> {
+        let name = format!("podman-{run}");
+        self.episode(&name, actions)?;
+        let start = Instant::now();
+        let out = self.cmd(&["container", "checkpoint", &name]);
+        let checkpoint = start.elapsed().as_secs_f64();
+        checks.record(
+            "podman",
+            run,
+            &name,
+            "podman checkpoint (local) succeeds",
+            out.code == 0,
+            out.stderr.trim(),
+        );
+        samples.push("podman_checkpoint_local", checkpoint);
+        // The checkpoint stopped the container: nothing more can change in it before the
+        // restore (the filesystem check still runs).
+        self.timed_restore(
+            run,
+            "podman_restore_local",
+            "podman restore (local)",
+            &name,
+            &["container", "restore", &name],
+            samples,
+            checks,
+        );
+        let _ = self.cmd(&["rm", "-f", "-t", "0", &name]);
+
+        let name = format!("podman-{run}-x");
+        let restored = format!("{name}-restored");
+        let archive = self.dir.join(format!("{name}.tar"));
+        let archive_s = archive.display().to_string();
+        self.episode(&name, actions)?;
         let start = Instant::now();
         let out = self.cmd(&["container", "checkpoint", "--export", &archive_s, &name]);
         let checkpoint = start.elapsed().as_secs_f64();
@@ -133,42 +212,26 @@ impl Podman {
             out.code == 0,
             out.stderr.trim(),
         );
+        samples.push("podman_checkpoint", checkpoint);
         let _ = self.cmd(&["rm", "-f", "-t", "0", &name]);
-
-        let start = Instant::now();
-        let out = self.cmd(&[
-            "container",
-            "restore",
-            "--import",
-            &archive_s,
-            "--name",
-            &restored,
-        ]);
-        let running = out.code == 0 && self.running(&restored);
-        let restore = start.elapsed().as_secs_f64();
-        checks.record(
-            "podman",
+        if self.timed_restore(
             run,
+            "podman_restore",
+            "podman restore --import",
             &restored,
-            "podman restore --import runs the container",
-            running,
-            format!("{out:?}"),
-        );
-        if running {
-            samples.push("podman_checkpoint", checkpoint);
-            samples.push("podman_restore", restore);
+            &[
+                "container",
+                "restore",
+                "--import",
+                &archive_s,
+                "--name",
+                &restored,
+            ],
+            samples,
+            checks,
+        ) {
             let size = std::fs::metadata(&archive).map(|m| m.len()).unwrap_or(0);
             samples.push("podman_archive_bytes", size as f64);
-            eprintln!("  podman checkpoint {checkpoint:.2}s restore {restore:.2}s");
-            let pid = self
-                .cmd(&["inspect", "-f", "{{.State.Pid}}", &restored])
-                .stdout
-                .trim()
-                .parse()
-                .ok();
-            check::restored(checks, "podman", run, &restored, pid, &|s| {
-                self.exec(&restored, s, None)
-            });
         }
         let _ = self.cmd(&["rm", "-f", "-t", "0", &restored]);
         let _ = std::fs::remove_file(&archive);

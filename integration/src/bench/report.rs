@@ -4,17 +4,24 @@ use serde_json::{Map, Value, json};
 
 use crate::bench::belayer::{FORK_COUNTS, FORKS, fork_key};
 use crate::bench::check::Checks;
-use crate::bench::stats::Samples;
+use crate::bench::plot::{self, Bar};
+use crate::bench::stats::{Samples, round3};
 
-/// The timed measurements, in table order: key, label.
+/// The timed measurements, in table order: key, label. "memory intact": the restored holder
+/// answered with the digest of all its memory (every page touched). "eager": Belayer with the
+/// baselines' restore settings (memory read first, CRIU's default iptables network lock).
 pub const MEASURES: &[(&str, &str)] = &[
     (
         "replay",
         "replay: fresh runc container, `ctr run` → last action done",
     ),
     (
-        "episode_belayer",
+        "belayer_episode",
         "the same episode under the Belayer runtime (failure-free)",
+    ),
+    (
+        "belayer_digest_live",
+        "reference: the holder's memory digest asked of a live container (no restore; part of every → memory intact)",
     ),
     (
         "containerd_checkpoint",
@@ -22,16 +29,27 @@ pub const MEASURES: &[(&str, &str)] = &[
     ),
     (
         "containerd_restore",
-        "containerd: `ctr c restore --rw --live` → task running",
+        "containerd: `ctr c restore --rw --live` into a new container → running",
     ),
+    ("containerd_restore_memory", "… → memory intact"),
+    (
+        "podman_checkpoint_local",
+        "podman: `container checkpoint` (local, stops it)",
+    ),
+    (
+        "podman_restore_local",
+        "podman: `container restore` (local) → running",
+    ),
+    ("podman_restore_local_memory", "… → memory intact"),
     (
         "podman_checkpoint",
         "podman: `container checkpoint --export` (stops it)",
     ),
     (
         "podman_restore",
-        "podman: `container restore --import` → running",
+        "podman: `container restore --import` into a new container → running",
     ),
+    ("podman_restore_memory", "… → memory intact"),
     (
         "belayer_checkpoint",
         "Belayer: `belayer checkpoint` (CLI wall, leaves it running)",
@@ -42,12 +60,14 @@ pub const MEASURES: &[(&str, &str)] = &[
     ),
     (
         "belayer_restore",
-        "Belayer: `belayer restore` in place after SIGKILL → running",
+        "Belayer (lazy, nftables): restore in place after SIGKILL → running",
     ),
+    ("belayer_restore_memory", "… → memory intact"),
     (
         "belayer_restore_live",
-        "Belayer: `belayer restore` of a live container → running",
+        "Belayer (lazy, nftables): restore of a live container → running",
     ),
+    ("belayer_restore_live_memory", "… → memory intact"),
     (
         "belayer_restore_shim",
         "Belayer: restore of a live container via the control API",
@@ -66,8 +86,9 @@ pub const MEASURES: &[(&str, &str)] = &[
     ),
     (
         "belayer_fork1",
-        "Belayer: `belayer fork --count 1` → running",
+        "Belayer (lazy, nftables): `belayer fork --count 1` (a new container) → running",
     ),
+    ("belayer_fork1_memory", "… → memory intact"),
     (
         "belayer_fork2",
         "Belayer: `belayer fork --count 2` → both running",
@@ -80,6 +101,21 @@ pub const MEASURES: &[(&str, &str)] = &[
         "belayer_fork8",
         "Belayer: `belayer fork --count 8` → all 8 running",
     ),
+    ("belayer_fork8_memory", "… → all 8 memories intact"),
+    (
+        "belayer_eager_checkpoint",
+        "Belayer (eager, iptables): `belayer checkpoint`",
+    ),
+    (
+        "belayer_eager_restore",
+        "Belayer (eager, iptables): restore in place after SIGKILL → running",
+    ),
+    ("belayer_eager_restore_memory", "… → memory intact"),
+    (
+        "belayer_eager_fork1",
+        "Belayer (eager, iptables): `belayer fork --count 1` (a new container) → running",
+    ),
+    ("belayer_eager_fork1_memory", "… → memory intact"),
 ];
 
 /// How the fork scales with its count: per count, the medians of its wall time and of the
@@ -90,7 +126,7 @@ pub fn fork_scaling(s: &Samples) -> Vec<Value> {
     FORK_COUNTS
         .iter()
         .filter_map(|&n| {
-            let key = fork_key(n);
+            let key = fork_key("belayer", n);
             let wall = s.median(&key)?;
             let cpu = s.median(&format!("{key}_cpu"));
             Some(json!({
@@ -108,12 +144,8 @@ pub fn fork_scaling(s: &Samples) -> Vec<Value> {
 /// The fewest cores on which the fork of [`FORKS`] could finish within 2× one restore, if its
 /// CPU time spread perfectly over them: a lower bound from the medians, not a measurement.
 pub fn fork_cores_needed(s: &Samples) -> Option<f64> {
-    let cpu = s.median(&format!("{}_cpu", fork_key(FORKS)))?;
+    let cpu = s.median(&format!("{}_cpu", fork_key("belayer", FORKS)))?;
     Some((cpu / (2.0 * s.median("belayer_restore")?)).ceil())
-}
-
-fn round3(v: f64) -> f64 {
-    (v * 1000.0).round() / 1000.0
 }
 
 /// A ratio of two medians: key, numerator, denominator, label, target (`≥` or `<` a bound).
@@ -127,38 +159,80 @@ pub struct Ratio {
 
 pub const RATIOS: &[Ratio] = &[
     Ratio {
-        key: "restore_vs_replay",
-        num: "replay",
-        den: "belayer_restore",
-        label: "Belayer restore vs replay (× faster)",
-        target: Some(("≥", 10.0)),
-    },
-    Ratio {
-        key: "restore_vs_containerd",
-        num: "containerd_restore",
-        den: "belayer_restore",
-        label: "Belayer restore vs containerd's restore (× faster)",
+        key: "like_for_like_memory",
+        num: "containerd_restore_memory",
+        den: "belayer_eager_fork1_memory",
+        label: "like for like, to memory intact: containerd restore into a new container ÷ Belayer fork of 1 (eager, iptables)",
         target: Some(("≥", 3.0)),
     },
     Ratio {
-        key: "restore_vs_podman",
-        num: "podman_restore",
-        den: "belayer_restore",
-        label: "Belayer restore vs podman's restore (× faster)",
+        key: "like_for_like_running",
+        num: "containerd_restore",
+        den: "belayer_eager_fork1",
+        label: "like for like, to running: containerd restore into a new container ÷ Belayer fork of 1 (eager, iptables)",
+        target: None,
+    },
+    Ratio {
+        key: "fork1_vs_containerd_memory",
+        num: "containerd_restore_memory",
+        den: "belayer_fork1_memory",
+        label: "containerd restore into a new container ÷ Belayer fork of 1 with its defaults (lazy, nftables), to memory intact",
+        target: None,
+    },
+    Ratio {
+        key: "in_place_vs_containerd_memory",
+        num: "containerd_restore_memory",
+        den: "belayer_restore_memory",
+        label: "containerd restore into a new container ÷ Belayer restore in place (lazy, nftables), to memory intact",
+        target: None,
+    },
+    Ratio {
+        key: "podman_local_vs_fork1_memory",
+        num: "podman_restore_local_memory",
+        den: "belayer_eager_fork1_memory",
+        label: "podman local restore ÷ Belayer fork of 1 (eager, iptables), to memory intact",
+        target: None,
+    },
+    Ratio {
+        key: "podman_import_vs_fork1_memory",
+        num: "podman_restore_memory",
+        den: "belayer_eager_fork1_memory",
+        label: "podman restore --import ÷ Belayer fork of 1 (eager, iptables), to memory intact",
+        target: None,
+    },
+    Ratio {
+        key: "restore_vs_replay_memory",
+        num: "replay",
+        den: "belayer_restore_memory",
+        label: "replay in a fresh container ÷ Belayer restore in place (lazy, nftables), to memory intact",
+        target: Some(("≥", 10.0)),
+    },
+    Ratio {
+        key: "eager_vs_lazy_restore_memory",
+        num: "belayer_eager_restore_memory",
+        den: "belayer_restore_memory",
+        label: "Belayer restore in place, eager + iptables ÷ lazy + nftables, to memory intact",
         target: None,
     },
     Ratio {
         key: "fork8_vs_restore",
         num: "belayer_fork8",
         den: "belayer_restore",
-        label: "fork of 8 vs one Belayer restore (× the time)",
+        label: "Belayer fork of 8 ÷ one restore in place, to running (× the time)",
         target: Some(("<", 2.0)),
     },
     Ratio {
+        key: "fork8_vs_restore_memory",
+        num: "belayer_fork8_memory",
+        den: "belayer_restore_memory",
+        label: "Belayer fork of 8 ÷ one restore in place, to memory intact (× the time)",
+        target: None,
+    },
+    Ratio {
         key: "episode_overhead",
-        num: "episode_belayer",
+        num: "belayer_episode",
         den: "replay",
-        label: "episode under Belayer vs under runc (× the time)",
+        label: "episode under Belayer ÷ under runc (× the time)",
         target: None,
     },
 ];
@@ -246,7 +320,7 @@ pub fn table(s: &Samples, checks: &Checks, podman: &str, runs: u32) -> String {
             ));
         }
     }
-    t.push_str("\n| system | check (Belayer's gate the exit status) | passed | first failure |\n|---|---|---:|---|\n");
+    t.push_str("\n| system | check (all gate the exit status but loopback, a finding) | passed | first failure |\n|---|---|---:|---|\n");
     for (system, what, passed, total, failure) in checks.summary() {
         let failure = failure.map_or_else(String::new, |f| f.replace('|', "/"));
         t.push_str(&format!(
@@ -283,21 +357,14 @@ pub fn summary(s: &Samples, checks: &Checks, podman: &str) -> Value {
         "targets_met": met,
         "checks": checks.0.len(),
         "checks_failed": checks.failed(),
-        "baseline_findings": checks.0.iter().filter(|c| !c.gating() && !c.ok).count(),
+        "findings": checks.0.iter().filter(|c| !c.gating() && !c.ok).count(),
         "podman": podman,
     })
 }
 
 /// Everything: the summary, every sample, every check, and what was run where.
-pub fn results(
-    s: &Samples,
-    checks: &Checks,
-    podman: &str,
-    context: Value,
-    belayer: Vec<Value>,
-) -> Value {
+pub fn results(s: &Samples, checks: &Checks, podman: &str, belayer: Vec<Value>) -> Value {
     let mut v = summary(s, checks, podman);
-    v["context"] = context;
     v["samples"] = json!(s.0);
     v["belayer_checkpoints"] = json!(belayer);
     v["checks_detail"] = checks
@@ -306,6 +373,31 @@ pub fn results(
         .map(|c| json!({ "system": c.system, "run": c.run, "target": c.target, "what": c.what, "ok": c.ok, "detail": c.detail }))
         .collect();
     v
+}
+
+fn colour(key: &str) -> &'static str {
+    match key.split('_').next() {
+        Some("replay") => "#888888",
+        Some("containerd") => "#3b6fb6",
+        Some("podman") => "#8e5bb5",
+        _ => "#2e9e5b",
+    }
+}
+
+/// The bar plot of every measurement that has samples.
+pub fn plot(s: &Samples, title: &str) -> String {
+    let rows: Vec<Bar> = MEASURES
+        .iter()
+        .filter_map(|(key, label)| {
+            Some(Bar {
+                label: label.to_string(),
+                value: s.median(key)?,
+                samples: s.get(key).to_vec(),
+                colour: colour(key),
+            })
+        })
+        .collect();
+    plot::bars(title, "s", &rows)
 }
 
 #[cfg(test)]
@@ -317,10 +409,10 @@ mod tests {
         let mut s = Samples::default();
         s.push("belayer_restore", 0.2);
         for (n, wall, cpu) in [(1, 0.2, 0.25), (2, 0.25, 0.4), (8, 1.0, 2.0)] {
-            s.push(&fork_key(n), wall);
-            s.push(&format!("{}_cpu", fork_key(n)), cpu);
+            s.push(&fork_key("belayer", n), wall);
+            s.push(&format!("{}_cpu", fork_key("belayer", n)), cpu);
         }
-        s.push(&format!("{}_steal", fork_key(8)), 0.1);
+        s.push(&format!("{}_steal", fork_key("belayer", 8)), 0.1);
         let rows = fork_scaling(&s);
         // The fork of 4 has no samples: no row for it.
         let counts: Vec<u64> = rows.iter().map(|r| r["forks"].as_u64().unwrap()).collect();
@@ -334,5 +426,7 @@ mod tests {
         let t = table(&s, &Checks::default(), "", 1);
         assert!(t.contains("| forks (medians) | 1 | 2 | 8 |"), "{t}");
         assert!(t.contains("only on 5 or more cores"), "{t}");
+        let svg = plot(&s, "a < b");
+        assert!(svg.contains("a &lt; b") && !svg.contains("podman"));
     }
 }

@@ -8,6 +8,7 @@ pub mod agent;
 pub mod args;
 pub mod faults;
 pub mod report;
+pub mod suite;
 pub mod workers;
 
 use std::path::Path;
@@ -33,16 +34,28 @@ pub enum Mode {
     Baseline,
     /// The failure schedule with Belayer: automatic checkpoints + recovery, broker + shadow.
     Belayer,
-    /// The failure schedule without Belayer: runc-v2, a killed worker restarts cold.
+    /// The failure schedule without Belayer: runc-v2, a killed worker restarts cold, a failed
+    /// action ends its trajectory.
     Plain,
+    /// The failure schedule without Belayer, as frameworks handle it: runc-v2, a killed worker
+    /// restarts cold, a failed trajectory runs again from its start in a fresh container.
+    Replay,
 }
 
 impl Mode {
+    /// Every run, in the order the suite runs them.
+    pub const ALL: [Mode; 4] = [Mode::Baseline, Mode::Belayer, Mode::Replay, Mode::Plain];
+
     pub fn label(self) -> &'static str {
         match self {
             Mode::Baseline => "baseline: no failures, no Belayer (runc-v2)",
             Mode::Belayer => "failures, with Belayer",
-            Mode::Plain => "failures, without Belayer (runc-v2, cold worker restart)",
+            Mode::Plain => {
+                "failures, without Belayer (runc-v2, cold worker restart, a failed trajectory is lost)"
+            }
+            Mode::Replay => {
+                "failures, replay from the start in a fresh runc container (cold worker restart)"
+            }
         }
     }
 
@@ -51,6 +64,7 @@ impl Mode {
             Mode::Baseline => "rb",
             Mode::Belayer => "rx",
             Mode::Plain => "rn",
+            Mode::Replay => "rr",
         }
     }
 
@@ -187,6 +201,7 @@ pub fn run(
     let ctx = agent::Ctx {
         c,
         belayer,
+        replay: mode == Mode::Replay,
         llm: GenClient::new(&w.serve_path(), Duration::from_secs(300)),
         seed: args.seed,
         turns: args.turns,

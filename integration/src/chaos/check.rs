@@ -141,10 +141,21 @@ fn names_under(dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The mount table containerd sees: the host's (this process's) unless it runs in a namespace
+/// of its own ([`Containerd::unified`]); not by [`Containerd::pid`], which names the first
+/// containerd, gone after a `containerd-restart` fault.
+fn mountinfo(c: &Containerd) -> String {
+    if c.unified {
+        format!("/proc/{}/mountinfo", c.pid())
+    } else {
+        "/proc/self/mountinfo".into()
+    }
+}
+
 /// Overlay mounts that stack layers of this containerd's store, in containerd's mount namespace.
 pub fn store_mounts(c: &Containerd) -> Vec<String> {
     let store = c.store.display().to_string();
-    std::fs::read_to_string(format!("/proc/{}/mountinfo", c.pid()))
+    std::fs::read_to_string(mountinfo(c))
         .unwrap_or_default()
         .lines()
         .filter(|l| l.contains(" - overlay ") && l.contains(&store))
@@ -160,9 +171,12 @@ pub fn leaks(c: &Containerd, ids: &[String]) -> Vec<String> {
     for m in store_mounts(c) {
         left.push(format!("store overlay mount {m}"));
     }
-    for m in c.mounts_under_dir() {
+    for m in crate::leaks::mounts_under_in(&mountinfo(c), &c.dir) {
         if m.contains("/rootfs") {
             left.push(format!("rootfs mount {m}"));
+        } else if m.contains("/.criu.") {
+            // CRIU's cgroup yard or mount-namespace scratch of a restore, not unmounted.
+            left.push(format!("CRIU mount {m}"));
         }
     }
     for pid in c.ns_shims_of(&c.ns) {

@@ -26,10 +26,25 @@ pub enum Kind {
     RaceRm,
     /// One byte of the newest checkpoint's largest CRIU image flipped on disk.
     Corrupt,
+    /// The sandbox's shim SIGKILLed; the framework then runs `belayer restore`.
+    ShimKill,
+    /// The CRIU restoring the sandbox SIGKILLed, during an explicit `belayer restore` or an
+    /// automatic recovery.
+    CriuKillRestore,
+    /// The freshly restored init SIGKILLed right after a restore (an explicit `belayer
+    /// restore`, or the automatic recovery after an init kill).
+    InitKillRestore,
+    /// The lazy-pages daemon filling a lazily restored sandbox's memory SIGKILLed mid-fill.
+    LazyPagesKill,
+    /// The soak's containerd SIGKILLed (or stopped) and started again, every trajectory held
+    /// between turns meanwhile.
+    ContainerdRestart,
+    /// The store's (private, size-limited) filesystem filled, a checkpoint asked for, then freed.
+    DiskFull,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 9] = [
+    pub const ALL: [Kind; 15] = [
         Kind::InitKillGap,
         Kind::InitKillAction,
         Kind::InitKillCheckpoint,
@@ -39,6 +54,12 @@ impl Kind {
         Kind::RaceFork,
         Kind::RaceRm,
         Kind::Corrupt,
+        Kind::ShimKill,
+        Kind::CriuKillRestore,
+        Kind::InitKillRestore,
+        Kind::LazyPagesKill,
+        Kind::ContainerdRestart,
+        Kind::DiskFull,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,7 +73,19 @@ impl Kind {
             Kind::RaceFork => "race-fork",
             Kind::RaceRm => "race-rm",
             Kind::Corrupt => "corrupt-newest",
+            Kind::ShimKill => "shim-kill",
+            Kind::CriuKillRestore => "criu-kill-restore",
+            Kind::InitKillRestore => "init-kill-restore",
+            Kind::LazyPagesKill => "lazy-pages-kill",
+            Kind::ContainerdRestart => "containerd-restart",
+            Kind::DiskFull => "disk-full",
         }
+    }
+
+    /// Whether the fault touches every sandbox at once (it runs with every trajectory held
+    /// between turns).
+    pub fn global(self) -> bool {
+        matches!(self, Kind::ContainerdRestart | Kind::DiskFull)
     }
 
     pub fn parse(name: &str) -> Option<Kind> {
@@ -76,6 +109,30 @@ impl Kind {
             Kind::RaceFork => "the fork runs the checkpoint's state; the source is unaffected",
             Kind::RaceRm => "removed, or refused as in use; nothing listed fails verification",
             Kind::Corrupt => "a restore of it is refused naming the file; the sandbox is untouched",
+            Kind::ShimKill => {
+                "containerd removes the task (its processes die with the shim); belayer restore \
+                 brings back the newest checkpoint; the environment is at its journal position"
+            }
+            Kind::CriuKillRestore => {
+                "the restore fails with a clear error (or completes); the sandbox is recovered, or \
+                 restored again by the framework, never left half-restored; the checkpoint verifies"
+            }
+            Kind::InitKillRestore => {
+                "recovered again, from the newest checkpoint; the environment is at its journal \
+                 position"
+            }
+            Kind::LazyPagesKill => {
+                "the shim ends the container rather than let it run on holes, and says why; \
+                 recovered from the newest checkpoint, at its journal position"
+            }
+            Kind::ContainerdRestart => {
+                "every sandbox runs on (same pid, same status in containerd's list); a checkpoint \
+                 and a recovery work after it"
+            }
+            Kind::DiskFull => {
+                "a checkpoint on the full disk fails naming it; the sandbox runs on; nothing \
+                 partial is listed or left; once freed, the next checkpoint works"
+            }
         }
     }
 }
@@ -162,4 +219,167 @@ pub fn flip_byte(file: &Path) -> std::io::Result<String> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default())
+}
+
+/// The CRIU restoring container `id`: a `criu` process below the container's shim (`runc
+/// restore` runs `criu swrk`), not the lazy-pages daemon, the top one of its tree (the restored
+/// tasks are CRIU's forks until they become the container's processes).
+pub fn restoring_criu(id: &str) -> Option<i64> {
+    let shims = crate::leaks::pids_with_args(&["-id", id]);
+    let [shim] = shims[..] else {
+        return None;
+    };
+    let procs = processes();
+    let mut below = vec![shim];
+    let mut found = None;
+    while let Some(parent) = below.pop() {
+        for p in procs.iter().filter(|p| p.ppid == parent) {
+            let criu = p.comm == "criu"
+                && !p.cmdline.contains("lazy-pages")
+                && !p.cmdline.contains("dump");
+            if criu {
+                found = Some(i64::from(p.pid));
+                break;
+            }
+            below.push(p.pid);
+        }
+        if found.is_some() {
+            break;
+        }
+    }
+    found
+}
+
+/// One process of the machine, as `/proc` shows it.
+pub struct Proc {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub cmdline: String,
+}
+
+/// Every process of the machine (those that vanish meanwhile are left out).
+pub fn processes() -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+            let open = stat.find('(')?;
+            let close = stat.rfind(')')?;
+            let comm = stat[open + 1..close].to_string();
+            let ppid = stat[close + 1..].split_whitespace().nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
+                .unwrap_or_default();
+            Some(Proc {
+                pid,
+                ppid,
+                comm,
+                cmdline,
+            })
+        })
+        .collect()
+}
+
+/// The parent of `pid` (0 when it is gone).
+pub fn parent_of(pid: i64) -> u32 {
+    processes()
+        .into_iter()
+        .find(|p| i64::from(p.pid) == pid)
+        .map_or(0, |p| p.ppid)
+}
+
+/// Whether `pid` is gone (or a zombie nobody has reaped yet).
+pub fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rfind(')')
+            .and_then(|close| stat[close + 1..].split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X")
+    })
+}
+
+/// The processes in the container cgroup of `init` (the `pids` controller's on a cgroup v1
+/// host, else the v2 one under `cgroup_root`) that descend neither from `init` nor from the
+/// container's shim `shim` (whose children are the execs): what a restore that failed half-way
+/// left running beside the container's own processes.
+pub fn strays(init: i64, shim: u32, cgroup_root: &Path) -> Vec<Proc> {
+    let Ok(cgroups) = std::fs::read_to_string(format!("/proc/{init}/cgroup")) else {
+        return Vec::new();
+    };
+    let procs_file = cgroups
+        .lines()
+        .find_map(|l| {
+            let path = l.split_once(":pids:")?.1;
+            Some(Path::new("/sys/fs/cgroup/pids").join(path.trim_start_matches('/')))
+        })
+        .or_else(|| {
+            let path = cgroups.lines().find_map(|l| l.strip_prefix("0::"))?;
+            Some(cgroup_root.join(path.trim_start_matches('/')))
+        })
+        .map(|dir| dir.join("cgroup.procs"));
+    let Some(members) = procs_file.and_then(|f| std::fs::read_to_string(f).ok()) else {
+        return Vec::new();
+    };
+    let procs = processes();
+    let parent = |pid: u32| procs.iter().find(|p| p.pid == pid).map_or(0, |p| p.ppid);
+    members
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .filter(|&pid| {
+            let mut p = pid;
+            for _ in 0..64 {
+                if i64::from(p) == init || p == shim {
+                    return false;
+                }
+                if p <= 1 {
+                    return true;
+                }
+                p = parent(p);
+            }
+            true
+        })
+        .filter_map(|pid| procs.iter().find(|p| p.pid == pid))
+        .map(|p| Proc {
+            pid: p.pid,
+            ppid: p.ppid,
+            comm: p.comm.clone(),
+            cmdline: p.cmdline.clone(),
+        })
+        .collect()
+}
+
+/// Whether `dir` is the mount point of a tmpfs the soak mounted itself (under
+/// `/tmp/belayer-chaos-`): the only filesystem `disk-full` may fill.
+pub fn private_tmpfs(dir: &Path) -> bool {
+    let Some(path) = dir.to_str() else {
+        return false;
+    };
+    path.starts_with("/tmp/belayer-chaos-")
+        && std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| {
+                let mut f = l.split_whitespace();
+                f.nth(4) == Some(path) && l.contains(" - tmpfs ")
+            })
+}
+
+/// Writes zeros to `file` until its filesystem is full (ENOSPC); returns the bytes written.
+pub fn fill(file: &Path) -> std::io::Result<u64> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(file)?;
+    let chunk = vec![0u8; 1 << 20];
+    let mut written = 0u64;
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => return Ok(written),
+            Ok(n) => written += n as u64,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => return Ok(written),
+            Err(e) => return Err(e),
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //! end, and the figures come out as a table and one JSON line. `belayer-bench chaos` and
 //! `tests/chaos.rs` run it.
 
+pub mod baseline;
 pub mod check;
 pub mod fault;
 pub mod report;
@@ -33,6 +34,11 @@ pub struct Config {
     pub retention_is_violation: bool,
     /// The command line that reproduces this run (printed with every failure).
     pub command: String,
+    /// The mount point of the private tmpfs that holds the store (`belayer-bench chaos
+    /// --store-mb`), which `disk-full` fills; without it the kind is never injected.
+    pub store_fs: Option<std::path::PathBuf>,
+    /// Then run the same trajectories under runc-v2 without faults ([`baseline`]).
+    pub baseline: bool,
 }
 
 impl Config {
@@ -52,6 +58,8 @@ impl Config {
             },
             retention_is_violation: true,
             command: String::new(),
+            store_fs: None,
+            baseline: false,
         }
     }
 }
@@ -94,6 +102,8 @@ pub struct Journal {
     pub forks: Vec<String>,
     /// Store checks that found more checkpoints on disk than the retention bound: how many more.
     pub over_retention: Vec<usize>,
+    /// Each fault-free turn's exec, ms (the overhead figure's Belayer side).
+    pub turn_ms: Vec<f64>,
 }
 
 /// The shared state of a run.
@@ -102,6 +112,14 @@ pub struct Run<'a> {
     pub cfg: &'a Config,
     pub start: Instant,
     pub journal: Mutex<Journal>,
+    /// Held shared by each trajectory through a turn or a fault and its checks, and exclusively
+    /// by a fault that touches every sandbox at once ([`Kind::global`]): no turn is sent while
+    /// containerd is down.
+    pub gate: std::sync::RwLock<()>,
+    /// The containerd processes the soak started again (the last one runs): its to stop.
+    pub daemons: Mutex<Vec<std::process::Child>>,
+    /// The pid of the containerd running now.
+    pub daemon_pid: std::sync::atomic::AtomicU32,
 }
 
 impl Run<'_> {
@@ -121,6 +139,9 @@ pub fn run(c: &Containerd, cfg: &Config) -> Report {
         cfg,
         start: Instant::now(),
         journal: Mutex::new(Journal::default()),
+        gate: std::sync::RwLock::new(()),
+        daemons: Mutex::new(Vec::new()),
+        daemon_pid: std::sync::atomic::AtomicU32::new(c.pid()),
     };
     let load_before = loadavg();
     let cpu_before = crate::machine_cpu_s();
@@ -168,17 +189,28 @@ pub fn run(c: &Containerd, cfg: &Config) -> Report {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+    let wall = run.start.elapsed();
+    let load_after = loadavg();
+    let cpu = crate::machine_cpu_since(cpu_before);
+    // On the containerd running now (a restarted one, if any), before it is stopped.
+    let baseline = cfg.baseline.then(|| {
+        eprintln!("chaos: the same trajectories under runc-v2, without faults");
+        baseline::run(c, cfg)
+    });
+    stop_daemons(run.daemons.into_inner().unwrap_or_else(|e| e.into_inner()));
     let journal = run.journal.into_inner().unwrap_or_else(|e| e.into_inner());
-    Report::new(
+    let mut report = Report::new(
         cfg,
-        run.start.elapsed(),
+        wall,
         results,
         journal,
         leaks,
         load_before,
-        loadavg(),
-        crate::machine_cpu_since(cpu_before),
-    )
+        load_after,
+        cpu,
+    );
+    report.baseline = baseline;
+    report
 }
 
 /// The 1-minute load average.
@@ -187,4 +219,21 @@ pub fn loadavg() -> f64 {
         .ok()
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
         .unwrap_or(f64::NAN)
+}
+
+/// Stops the containerd processes the soak started again (SIGTERM, then SIGKILL after 10 s) and
+/// reaps them, before the [`Containerd`] handle removes their directory.
+fn stop_daemons(daemons: Vec<std::process::Child>) {
+    for mut d in daemons {
+        let _ = crate::signal(i64::from(d.id()), libc::SIGTERM);
+        let start = Instant::now();
+        while d.try_wait().ok().flatten().is_none() {
+            if start.elapsed() > Duration::from_secs(10) {
+                let _ = d.kill();
+                let _ = d.wait();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
 }

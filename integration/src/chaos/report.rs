@@ -40,18 +40,14 @@ pub struct Report {
     pub over_retention: (usize, usize),
     pub load: (f64, f64),
     pub cpu: Option<(f64, f64)>,
+    /// Each fault-free turn's exec under Belayer, ms.
+    pub turn_ms: Vec<f64>,
+    /// The same trajectories under runc-v2 without faults, when asked for.
+    pub baseline: Option<super::baseline::Baseline>,
 }
 
-/// The `p`-th percentile (nearest rank) of `xs`.
-pub fn percentile(xs: &[f64], p: f64) -> Option<f64> {
-    if xs.is_empty() {
-        return None;
-    }
-    let mut v = xs.to_vec();
-    v.sort_by(f64::total_cmp);
-    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
-    Some(v[rank.clamp(1, v.len()) - 1])
-}
+/// The `p`-th percentile (nearest rank) of `xs`: the benchmarks' own.
+pub use crate::bench::stats::percentile;
 
 impl Report {
     #[allow(clippy::too_many_arguments)]
@@ -114,6 +110,8 @@ impl Report {
             ),
             load: (load_before, load_after),
             cpu,
+            turn_ms: journal.turn_ms,
+            baseline: None,
         }
     }
 
@@ -172,7 +170,39 @@ impl Report {
             "leaks": self.leaks,
             "loadavg_1m": {"start": self.load.0, "end": self.load.1},
             "machine_cpu_s": self.cpu.map(|(busy, steal)| json!({"busy": busy, "stolen": steal})),
+            "overhead": self.overhead(),
             "passed": self.passed(),
+        })
+    }
+
+    /// Turns per sandbox-minute under Belayer (every turn executed, re-executions after rewinds
+    /// included, over the run's wall time).
+    fn belayer_turns_per_min(&self) -> f64 {
+        let turns: u64 = self.trajectories.iter().map(|t| t.executed).sum();
+        turns as f64 / (self.sandboxes as f64 * self.wall.as_secs_f64() / 60.0)
+    }
+
+    /// The overhead figure against runc-v2 (null without a baseline).
+    fn overhead(&self) -> serde_json::Value {
+        let Some(b) = &self.baseline else {
+            return serde_json::Value::Null;
+        };
+        let ratio = |a: Option<f64>, b: Option<f64>| Some(a? / b?);
+        let runc_per_min = b.turns as f64 / (b.sandbox_s / 60.0).max(f64::MIN_POSITIVE);
+        json!({
+            "belayer": {"runtime": "io.containerd.belayer.v1", "faults": self.injected(),
+                        "turns": self.turn_ms.len(),
+                        "turn_ms_p50": percentile(&self.turn_ms, 50.0),
+                        "turn_ms_p99": percentile(&self.turn_ms, 99.0),
+                        "turns_per_sandbox_min": self.belayer_turns_per_min()},
+            "runc": {"runtime": "io.containerd.runc.v2", "faults": 0, "turns": b.turns,
+                     "failed": b.failed,
+                     "turn_ms_p50": percentile(&b.turn_ms, 50.0),
+                     "turn_ms_p99": percentile(&b.turn_ms, 99.0),
+                     "turns_per_sandbox_min": runc_per_min},
+            "turn_ms_p50_ratio": ratio(percentile(&self.turn_ms, 50.0), percentile(&b.turn_ms, 50.0)),
+            "turn_ms_p99_ratio": ratio(percentile(&self.turn_ms, 99.0), percentile(&b.turn_ms, 99.0)),
+            "turns_per_min_ratio": self.belayer_turns_per_min() / runc_per_min,
         })
     }
 
@@ -228,6 +258,28 @@ impl Report {
             "load average (1 min): {:.1} at start, {:.1} at end",
             self.load.0, self.load.1
         );
+        if let Some(b) = &self.baseline {
+            let o = self.overhead();
+            let f = |v: &serde_json::Value| v.as_f64().map_or("-".into(), |v| format!("{v:.2}"));
+            println!(
+                "overhead: a fault-free turn's exec p50 {} ms / p99 {} ms under Belayer with {} \
+                 faults (io.containerd.belayer.v1, automatic checkpoints and recovery) vs p50 {} \
+                 ms / p99 {} ms under runc-v2 without faults: ×{} / ×{}; turns per \
+                 sandbox-minute {} vs {} (×{}, rewinds' re-executions included); runc-v2 turns \
+                 failed: {}",
+                fmt(percentile(&self.turn_ms, 50.0)),
+                fmt(percentile(&self.turn_ms, 99.0)),
+                self.injected(),
+                fmt(percentile(&b.turn_ms, 50.0)),
+                fmt(percentile(&b.turn_ms, 99.0)),
+                f(&o["turn_ms_p50_ratio"]),
+                f(&o["turn_ms_p99_ratio"]),
+                f(&o["belayer"]["turns_per_sandbox_min"]),
+                f(&o["runc"]["turns_per_sandbox_min"]),
+                f(&o["turns_per_min_ratio"]),
+                b.failed
+            );
+        }
         for t in self.lost() {
             println!(
                 "LOST {} at turn {}: {}",
@@ -261,19 +313,5 @@ impl Report {
                 e.detail
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::percentile;
-
-    #[test]
-    fn nearest_rank_percentiles() {
-        let xs: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&xs, 50.0), Some(50.0));
-        assert_eq!(percentile(&xs, 99.0), Some(99.0));
-        assert_eq!(percentile(&[7.0], 99.0), Some(7.0));
-        assert_eq!(percentile(&[], 50.0), None);
     }
 }

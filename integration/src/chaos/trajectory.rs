@@ -50,7 +50,7 @@ pub fn sandbox_id(index: usize) -> String {
 
 /// Turn `k`'s script: the log must hold 1..k-1; append k; then work for a while (the window a
 /// kill "during an action" aims at). `: chaos-turn=k;` marks it in the journal.
-fn turn_script(k: u64) -> String {
+pub(crate) fn turn_script(k: u64) -> String {
     format!(
         ": chaos-turn={k}; n=$(cat /work/log 2>/dev/null | wc -l); \
          [ \"$n\" -eq {prev} ] || {{ echo \"log holds $n turns, expected {prev}\" >&2; exit 3; }}; \
@@ -150,6 +150,10 @@ impl Traj<'_, '_> {
             let ms = gap.as_millis().to_string();
             let _ = self.belayer(&["hint", self.id(), "llm-start", "--expected-ms", &ms]);
             std::thread::sleep(gap);
+            // Held through the turn (or fault) and its checks; a global fault takes it whole.
+            let gate = &self.run.gate;
+            let _turn = (!fault.is_some_and(|k| k.global()))
+                .then(|| gate.read().unwrap_or_else(|e| e.into_inner()));
             let result = match fault {
                 None => self.turn().map(|_| ()),
                 Some(kind) => {
@@ -192,7 +196,12 @@ impl Traj<'_, '_> {
     /// Runs the next turn; `Err` (the trajectory is lost) when it fails.
     fn turn(&mut self) -> Result<(), String> {
         let k = self.done + 1;
+        let t = Instant::now();
         let out = self.s.exec(&turn_script(k), None);
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        if out.code == 0 {
+            self.run.record(|j| j.turn_ms.push(ms));
+        }
         if out.code != 0 {
             return Err(format!(
                 "turn {k} failed with no fault injected: {}",

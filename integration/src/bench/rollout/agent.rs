@@ -3,7 +3,8 @@
 //! the context. With Belayer, an action that fails because the sandbox died (or finds the
 //! environment rewound) waits for the shim's in-place recovery, reads the journal position it
 //! reports, re-runs the undone actions (their outputs must equal what the context already holds)
-//! and goes on. Without Belayer such a trajectory is lost.
+//! and goes on. Without Belayer such a trajectory is lost, or (replay, what frameworks do) runs
+//! again from its start in a fresh runc container.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,8 @@ use crate::containerd::{Containerd, Out};
 pub struct Ctx<'a> {
     pub c: &'a Containerd,
     pub belayer: bool,
+    /// Replay a failed trajectory from its start in a fresh container (runc).
+    pub replay: bool,
     pub llm: GenClient,
     pub seed: u64,
     pub turns: usize,
@@ -70,7 +73,22 @@ pub struct Trajectory {
     /// Connections to the worker lost and retried (a worker died meanwhile).
     pub reconnects: u32,
     pub recoveries: Vec<Recovery>,
+    /// Replays from the start in a fresh container (replay mode).
+    pub replays: Vec<Replay>,
     pub wall_s: f64,
+}
+
+/// One replay of a failed trajectory from its start (what frameworks do without Belayer).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Replay {
+    /// Failure noticed, seconds since the run started.
+    pub at_s: f64,
+    /// The turn whose action (or final check) failed.
+    pub failed_turn: usize,
+    /// Actions (and their generations) done before the failure, run again.
+    pub actions_rerun: usize,
+    /// Why it failed.
+    pub why: String,
 }
 
 /// The init pid of `id` (`ctr tasks ls`).
@@ -107,6 +125,8 @@ struct Agent<'a> {
     seen: usize,
     /// Kill times (Unix s) and the turn that armed them, pushed by the killer threads.
     killed: Arc<Mutex<Vec<(f64, usize)>>>,
+    /// The schedule's kill of this trajectory was armed (a replay does not arm it again).
+    armed: bool,
     out: Trajectory,
 }
 
@@ -238,18 +258,37 @@ impl Agent<'_> {
         }))
     }
 
+    /// SIGKILLs the sandbox's init now (the schedule's kill right after an action).
+    fn kill_now(&self, turn: usize) {
+        if let Some(pid) = init_pid(self.ctx.c, &self.id) {
+            self.killed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((now(), turn));
+            if let Err(e) = crate::sigkill(pid.into()) {
+                eprintln!("sandbox kill after turn {turn}: {e}");
+            }
+        }
+    }
+
     fn turns(&mut self) -> Result<(), String> {
         let ctx = self.ctx;
         let mut context = actions::tokens(&actions::task(ctx.seed, self.traj));
         let mut killer = None;
+        let mut kill_after = None;
         let mut expected_ms = 2000u64;
         for turn in 1..=ctx.turns {
             if let Some(k) = ctx
                 .kills
                 .iter()
-                .find(|k| k.traj == self.traj && k.turn == turn)
+                .find(|k| k.traj == self.traj && k.turn == turn && !self.armed)
             {
-                killer = self.killer(k);
+                self.armed = true;
+                if k.after_action {
+                    kill_after = Some(turn);
+                } else {
+                    killer = self.killer(k);
+                }
             }
             let req = GenRequest {
                 id: (self.traj as u64) << 16 | turn as u64,
@@ -284,6 +323,9 @@ impl Agent<'_> {
             self.act_recovering(turn, &a)?;
             self.out.action_s.push(t.elapsed().as_secs_f64());
             self.out.turns_done = turn;
+            if kill_after == Some(turn) {
+                self.kill_now(turn);
+            }
             context.extend(actions::observation(turn, &a, 24));
         }
         // The schedule's kill has fired before the final check.
@@ -353,16 +395,35 @@ pub fn run(ctx: &Ctx<'_>, traj: usize, id: &str) -> Trajectory {
         attempt: 0,
         seen: 0,
         killed: Arc::default(),
+        armed: false,
         out: Trajectory {
             traj,
             container: id.to_string(),
             ..Trajectory::default()
         },
     };
-    let result = a.turns().and_then(|()| {
+    let mut result = a.turns().and_then(|()| {
         a.out.completed = true;
         a.verify()
     });
+    // Replay: a failed trajectory runs again from its start in a fresh container, as often as
+    // the schedule can make it fail (once per sandbox) and once more.
+    while let (true, Err(why)) = (ctx.replay && a.out.replays.len() < 2, &result) {
+        a.out.replays.push(Replay {
+            at_s: now() - ctx.run_start,
+            failed_turn: a.out.turns_done + 1,
+            actions_rerun: a.out.turns_done,
+            why: why.chars().take(160).collect(),
+        });
+        a.out.completed = false;
+        a.out.turns_done = 0;
+        result = fresh_container(ctx.c, id).and_then(|()| {
+            a.turns().and_then(|()| {
+                a.out.completed = true;
+                a.verify()
+            })
+        });
+    }
     match result {
         Ok(()) => a.out.verified = true,
         Err(e) => a.out.lost = Some(e),
@@ -373,12 +434,23 @@ pub fn run(ctx: &Ctx<'_>, traj: usize, id: &str) -> Trajectory {
         a.out.recoveries.push(Recovery {
             at_s: k - ctx.run_start,
             turn,
-            reflects: "no recovery: runc-v2".into(),
+            reflects: if ctx.replay {
+                "replayed from the start in a fresh container (runc-v2)".into()
+            } else {
+                "no recovery: runc-v2".into()
+            },
             ..Recovery::default()
         });
     }
     a.out.wall_s = start.elapsed().as_secs_f64();
     a.out
+}
+
+/// Replaces `id` with a fresh runc container of the same image and runs its setup.
+fn fresh_container(c: &Containerd, id: &str) -> Result<(), String> {
+    crate::bench::ctrd::remove(c, id);
+    crate::episode::Sandbox::start_annotated(c, crate::bench::ctrd::RUNC, id, &[]);
+    setup(c, id)
 }
 
 /// The setup exec of a sandbox (journal action 1).

@@ -2,13 +2,17 @@
 
 use serde::Serialize;
 
-/// SIGKILL a sandbox's init `delay_ms` after trajectory `traj` starts generating turn `turn`
-/// (the kill lands in the generation, the action, or the next turn).
+/// SIGKILL a sandbox's init during trajectory `traj`'s turn `turn`: `delay_ms` after its
+/// generation starts (the kill lands in the generation, the action, or the next turn: mostly
+/// after the previous action's automatic checkpoint), or, with `after_action`, the moment the
+/// turn's action has succeeded (before its automatic checkpoint can be written, so a restore
+/// rewinds the environment and the agent re-runs the action).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct SandboxKill {
     pub traj: usize,
     pub turn: usize,
     pub delay_ms: u64,
+    pub after_action: bool,
 }
 
 /// SIGKILL the rollout worker `delay_ms` after `after_generations` generations have completed
@@ -42,8 +46,8 @@ impl Rng {
     }
 }
 
-/// Distinct sandboxes, each killed once during a turn before its last; worker kills spread over
-/// the run.
+/// Distinct sandboxes, each killed once during a turn before its last, alternately in the
+/// generation and right after the action; worker kills spread over the run.
 pub fn schedule(
     seed: u64,
     sandboxes: usize,
@@ -59,10 +63,12 @@ pub fn schedule(
     let mut sandbox: Vec<SandboxKill> = trajs
         .into_iter()
         .take(sandbox_kills)
-        .map(|traj| SandboxKill {
+        .enumerate()
+        .map(|(i, traj)| SandboxKill {
             traj,
             turn: 1 + r.below(turns as u64 - 1) as usize,
             delay_ms: r.below(2500),
+            after_action: i % 2 == 1,
         })
         .collect();
     sandbox.sort_by_key(|k| (k.turn, k.traj));
@@ -89,6 +95,7 @@ mod tests {
         t.sort();
         t.dedup();
         assert_eq!(t.len(), 3);
+        assert_eq!(s.sandbox.iter().filter(|k| k.after_action).count(), 1);
         assert!(
             s.sandbox
                 .iter()

@@ -3,6 +3,7 @@
 use serde_json::{Value, json};
 
 use super::{Mode, Run};
+use crate::bench::plot::{self, Bar};
 use crate::bench::stats::median;
 
 fn med(xs: impl Iterator<Item = f64>) -> Option<f64> {
@@ -13,6 +14,18 @@ fn s(x: Option<f64>) -> String {
     x.map_or("—".into(), |v| format!("{v:.2}"))
 }
 
+/// Actions run again after a failure: re-run after a Belayer recovery rewound the environment,
+/// or run again by a replay from the start.
+pub fn actions_rerun(r: &Run) -> usize {
+    r.trajectories
+        .iter()
+        .map(|t| {
+            t.recoveries.iter().map(|k| k.turns_redone).sum::<usize>()
+                + t.replays.iter().map(|p| p.actions_rerun).sum::<usize>()
+        })
+        .sum()
+}
+
 /// The tables, in Markdown.
 pub fn table(runs: &[Run]) -> String {
     let base = runs
@@ -20,7 +33,7 @@ pub fn table(runs: &[Run]) -> String {
         .find(|r| r.mode == Mode::Baseline)
         .map(|r| r.wall_s);
     let mut t = String::from(
-        "| run | trajectories completed (final state verified) | lost | wall s (setup + episodes) | vs baseline | worker kills | gen requests | prompt tokens | generated tokens | median bubble s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| run | trajectories completed (final state verified) | lost | wall s (setup + episodes) | vs baseline | worker kills | replays from the start | actions re-run | gen requests | prompt tokens | generated tokens | median bubble s |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in runs {
         let over = base.map_or("—".into(), |b| {
@@ -28,7 +41,7 @@ pub fn table(runs: &[Run]) -> String {
         });
         let tr = &r.trajectories;
         t.push_str(&format!(
-            "| {} | {}/{} | {} | {:.1} ({:.1} + {:.1}) | {over} | {} | {} | {} | {} | {} |\n",
+            "| {} | {}/{} | {} | {:.1} ({:.1} + {:.1}) | {over} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.label,
             r.completed(),
             tr.len(),
@@ -37,6 +50,8 @@ pub fn table(runs: &[Run]) -> String {
             r.setup_s,
             r.episodes_s,
             r.worker_failovers.len(),
+            tr.iter().map(|t| t.replays.len()).sum::<usize>(),
+            actions_rerun(r),
             tr.iter().map(|t| t.bubble_s.len()).sum::<usize>(),
             tr.iter().map(|t| t.prompt_tokens).sum::<usize>(),
             tr.iter().map(|t| t.generated_tokens).sum::<usize>(),
@@ -118,19 +133,67 @@ pub fn summary(runs: &[Run]) -> Value {
             json!({
                 "completed": r.completed(), "lost": r.lost(), "trajectories": r.trajectories.len(),
                 "wall_s": r.wall_s, "overhead_vs_baseline": base.map(|b| r.wall_s / b - 1.0),
+                "replays": r.trajectories.iter().map(|t| t.replays.len()).sum::<usize>(),
+                "actions_rerun": actions_rerun(r),
+                "sandbox_kills_seen": r.trajectories.iter().map(|t| t.recoveries.len()).sum::<usize>(),
                 "sandbox_recovered_s_median": median(&rec), "sandbox_next_action_s_median": median(&next),
                 "worker_takeover_s": r.worker_failovers.iter().map(|f| f.takeover_s).collect::<Vec<_>>(),
                 "worker_ready_s": r.worker_failovers.iter().map(|f| f.ready_s).collect::<Vec<_>>(),
             }),
         );
     }
+    if let (Some(b), Some(r)) = (get(Mode::Belayer), get(Mode::Replay)) {
+        o.insert(
+            "belayer_vs_replay".into(),
+            json!({
+                "completed": {"belayer": b.completed(), "replay": r.completed()},
+                "wall_s": {"belayer": b.wall_s, "replay": r.wall_s},
+                "replay_wall_over_belayer_wall": r.wall_s / b.wall_s,
+                "actions_rerun": {"belayer": actions_rerun(b), "replay": actions_rerun(r)},
+            }),
+        );
+    }
     Value::Object(o)
 }
 
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+/// The failure-free run's trajectories as a scheduler trace (`belayer-bench sched --trace`):
+/// each turn's real generation time (the gap) and action time; footprints are not recorded.
+pub fn trace(runs: &[Run]) -> Vec<crate::bench::sched::trace::Episode> {
+    use crate::bench::sched::trace::{Episode, Turn};
+    let Some(base) = runs.iter().find(|r| r.mode == Mode::Baseline) else {
+        return Vec::new();
+    };
+    base.trajectories
+        .iter()
+        .map(|t| {
+            let id = format!("rollout-{}", t.traj);
+            let mut expected_ms = 2000;
+            let turns = t
+                .bubble_s
+                .iter()
+                .zip(&t.action_s)
+                .map(|(&llm_s, &action_s)| {
+                    let hint_ms = Some(expected_ms);
+                    expected_ms = (llm_s * 1000.0) as u64;
+                    Turn {
+                        episode: id.clone(),
+                        start_s: None,
+                        llm_s,
+                        action_s,
+                        dirty_bytes: 0,
+                        resident_bytes: None,
+                        fs_bytes: 0,
+                        hint_ms,
+                    }
+                })
+                .collect();
+            Episode {
+                id,
+                start_s: 0.0,
+                turns,
+            }
+        })
+        .collect()
 }
 
 /// Horizontal bars: each run's wall time, then recovery times (seconds).
@@ -191,28 +254,16 @@ pub fn plot(runs: &[Run], title: &str) -> String {
             ));
         }
     }
-    let (width, label, row, top) = (1000.0, 520.0, 26.0, 50.0);
-    let max = rows.iter().map(|r| r.1).fold(1e-3, f64::max);
-    let scale = (width - label - 80.0) / max;
-    let height = top + row * rows.len() as f64 + 20.0;
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\" font-weight=\"bold\">{}</text>\n<text x=\"10\" y=\"40\" fill=\"#555\">seconds (lower is better)</text>\n",
-        escape(title)
-    );
-    for (i, (l, v, colour)) in rows.iter().enumerate() {
-        let y = top + row * i as f64;
-        svg.push_str(&format!(
-            "<text x=\"{x}\" y=\"{ty}\" text-anchor=\"end\">{l}</text><rect x=\"{label}\" y=\"{y}\" width=\"{w:.1}\" height=\"{h}\" fill=\"{colour}\"/><text x=\"{vx:.1}\" y=\"{ty}\">{v:.2} s</text>\n",
-            x = label - 8.0,
-            ty = y + row * 0.6,
-            l = escape(l),
-            w = (v * scale).max(1.0),
-            h = row - 8.0,
-            vx = label + (v * scale).max(1.0) + 6.0,
-        ));
-    }
-    svg.push_str("</svg>\n");
-    svg
+    let bars: Vec<Bar> = rows
+        .into_iter()
+        .map(|(label, value, colour)| Bar {
+            label,
+            value,
+            samples: Vec::new(),
+            colour,
+        })
+        .collect();
+    plot::bars(title, "s", &bars)
 }
 
 #[cfg(test)]

@@ -1,0 +1,119 @@
+//! One file per verb: each maps its arguments onto the control API, the store or containerd.
+
+mod checkpoint;
+mod checkpoints;
+mod fork;
+mod gateway;
+mod hint;
+mod inspect;
+mod journal;
+mod restore;
+mod rm;
+mod status;
+
+use belayer_api::Settings;
+use criu_bridge::Store;
+
+use crate::containerd::Containerd;
+use crate::control::Control;
+use crate::error::{Error, Result};
+use crate::{Cli, Command};
+
+/// What every verb may use: the namespace, containerd, the node's store.
+pub struct Context {
+    pub namespace: String,
+    pub containerd: Containerd,
+    pub store: Store,
+}
+
+impl Context {
+    /// The control socket of `container`'s shim (which may not exist).
+    pub fn control(&self, container: &str) -> Control {
+        Control::new(&self.namespace, container)
+    }
+
+    /// The control socket of `container`'s shim, or why there is none.
+    pub fn require_control(&self, container: &str) -> Result<Control> {
+        self.control(container).require(&self.containerd)
+    }
+
+    /// The container's checkpoint ids, oldest first; "not found" when it has none and containerd
+    /// does not know it.
+    pub fn list(&self, container: &str) -> Result<Vec<u64>> {
+        let seqs = self.store.list(&self.namespace, container)?;
+        if seqs.is_empty() {
+            self.containerd.container(container)?;
+        }
+        Ok(seqs)
+    }
+
+    /// A store error, unless the container itself is unknown to containerd (then that).
+    pub fn not_found_or(&self, container: &str, e: criu_bridge::store::StoreError) -> Error {
+        match self.containerd.container(container) {
+            Err(missing) => missing,
+            Ok(_) => e.into(),
+        }
+    }
+}
+
+/// Runs the command line.
+pub fn run(cli: Cli) -> Result<()> {
+    let settings = Settings::load()?;
+    let cx = Context {
+        containerd: Containerd::new(&cli.address, &cli.namespace),
+        namespace: cli.namespace,
+        store: settings.store(),
+    };
+    match cli.command {
+        Command::Checkpoint { container, exit } => checkpoint::run(&cx, &container, exit),
+        Command::Checkpoints { container } => checkpoints::run(&cx, &container),
+        Command::Inspect {
+            container,
+            checkpoint,
+        } => inspect::run(&cx, &container, &checkpoint),
+        Command::Restore {
+            container,
+            checkpoint,
+        } => restore::run(&cx, &container, checkpoint.as_deref()),
+        Command::Fork {
+            container,
+            checkpoint,
+            count,
+        } => fork::run(&cx, &container, &checkpoint, count),
+        Command::Rm {
+            container,
+            checkpoint,
+        } => rm::run(&cx, &container, &checkpoint),
+        Command::Hint {
+            container,
+            hint,
+            expected_ms,
+            expected_tokens,
+        } => hint::run(
+            &cx,
+            &container,
+            belayer_api::HintRequest {
+                hint,
+                expected_ms,
+                expected_tokens,
+            },
+        ),
+        Command::Status { container } => status::run(&cx, &container),
+        Command::Journal { container, json } => journal::run(&cx, &container, json),
+        Command::Gateway {
+            listen,
+            upstream,
+            maps,
+            limits,
+        } => gateway::run(&cx, listen, upstream, maps, limits),
+    }
+}
+
+/// Prints `value` as indented JSON.
+fn print_pretty(value: &impl serde::Serialize) -> Result<()> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).map_err(Error::Print)?
+    );
+    Ok(())
+}

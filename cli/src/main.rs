@@ -1,0 +1,135 @@
+//! `belayer`, the Belayer command line: checkpoint, list, inspect, restore, fork and remove
+//! checkpoints of containers managed by containerd (any namespace, docker's `moby` too); hints;
+//! status and journal; the LLM gateway. Speaks each shim's control socket
+//! ([`belayer_api`]) and containerd's gRPC API. One file per verb under `commands/`; exit codes in
+//! [`error`].
+
+mod commands;
+mod containerd;
+mod control;
+mod error;
+mod gateway;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "belayer",
+    version,
+    about = "Full checkpoint and restore of containerd containers",
+    after_help = "Exit codes: 0 success; 1 any other failure; 2 bad command line; 3 no such \
+                  container or checkpoint; 4 conflict (a checkpoint or restore under way, the \
+                  container not running or without a Belayer task); 5 corrupt checkpoint; 6 try \
+                  again later; 7 disk full; 8 invalid argument."
+)]
+struct Cli {
+    /// containerd's gRPC socket.
+    #[arg(
+        long,
+        global = true,
+        env = "CONTAINERD_ADDRESS",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    address: PathBuf,
+    /// containerd namespace (docker's is `moby`).
+    #[arg(
+        long,
+        short = 'n',
+        global = true,
+        env = "CONTAINERD_NAMESPACE",
+        default_value = "default"
+    )]
+    namespace: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Checkpoint a running container (processes and filesystem); prints the checkpoint id.
+    Checkpoint {
+        container: String,
+        /// Stop the container after the checkpoint.
+        #[arg(long)]
+        exit: bool,
+    },
+    /// List a container's checkpoint ids, oldest first.
+    Checkpoints { container: String },
+    /// Show a checkpoint as JSON.
+    Inspect {
+        container: String,
+        checkpoint: String,
+    },
+    /// Restore a container in place from a checkpoint (default: the newest).
+    Restore {
+        container: String,
+        #[arg(long)]
+        checkpoint: Option<String>,
+    },
+    /// Start N new containers from a checkpoint, each with its own writable layer; prints their ids.
+    Fork {
+        container: String,
+        #[arg(long)]
+        checkpoint: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+    },
+    /// Remove a checkpoint.
+    Rm {
+        container: String,
+        checkpoint: String,
+    },
+    /// Tell the checkpoint scheduler the model started (`llm-start`) or finished (`llm-end`)
+    /// generating the container's next action.
+    Hint {
+        container: String,
+        #[arg(value_parser = ["llm-start", "llm-end"])]
+        hint: String,
+        /// Expected generation time (with llm-start).
+        #[arg(long)]
+        expected_ms: Option<u64>,
+        /// Expected tokens to generate (with llm-start).
+        #[arg(long)]
+        expected_tokens: Option<u64>,
+    },
+    /// Show a container's Belayer state as JSON: policy, checkpoints, journal position, recoveries.
+    Status { container: String },
+    /// Serve an HTTP pass-through to an OpenAI-compatible LLM server that sends each mapped
+    /// request's container `llm-start`/`llm-end` hints (README, "LLM gateway").
+    Gateway {
+        /// Address to listen on (`127.0.0.1:0`: any free port; the first stdout line says which).
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        /// The LLM server, `http://HOST:PORT[/PREFIX]`.
+        #[arg(long)]
+        upstream: String,
+        /// KEY=CONTAINER: requests whose bearer token or JSON `user` field is KEY are for
+        /// CONTAINER (after the `X-Belayer-Container` header). Repeatable.
+        #[arg(long = "map", value_name = "KEY=CONTAINER", value_parser = gateway::parse_map)]
+        maps: Vec<(String, String)>,
+        #[command(flatten)]
+        limits: gateway::Limits,
+    },
+    /// Print the action journal: one action a line.
+    Journal {
+        container: String,
+        /// Print JSON lines instead.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match commands::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: errors carry CRIU's log lines and sources, joined.
+            eprintln!("belayer: {}", error::one_line(&e));
+            e.exit_code()
+        }
+    }
+}

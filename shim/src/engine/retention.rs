@@ -1,0 +1,222 @@
+//! Retention: after an automatic checkpoint, the newest K of a container's checkpoints stay, plus
+//! those its running rootfs stacks on; a kept one whose chain reaches a deleted one is compacted
+//! first.
+
+use std::collections::BTreeMap;
+
+use criu_bridge::store::{CompactCheckpointError, StoreError};
+use log::info;
+
+use super::Engine;
+use crate::error::{Result, task};
+
+impl Engine {
+    /// Keeps the newest K checkpoints, plus those the running rootfs stacks on (their layers are
+    /// mounted). A checkpoint goes only when no pinned one needs its layer; a kept one whose chain
+    /// reaches a deleted one is compacted first.
+    pub(super) async fn retain(&self, id: &str) -> Result<()> {
+        let shared = self.get(id)?;
+        // Deletes and compactions hold the store's container lock, which a checkpoint needs:
+        // marked busy meanwhile, a checkpoint request waits for them instead of failing.
+        let _busy = self.busy(id)?.when_free().await;
+        let (keep, pinned) = {
+            let c = shared.lock().await;
+            (c.policy.keep, c.mount_chain.clone())
+        };
+        let store = self.store();
+        let (ns, cid) = (self.namespace.clone(), id.to_string());
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            let mut chains = std::collections::BTreeMap::new();
+            let mut refs = Vec::new();
+            for seq in store.list(&ns, &cid)? {
+                let m = store.load(&ns, &cid, seq)?.manifest;
+                refs.push(scheduler::CheckpointRef {
+                    id: seq,
+                    seq,
+                    parent: m.parent,
+                });
+                chains.insert(seq, m.fs_chain);
+            }
+            let mut delete = to_delete(&refs, &chains, keep, &pinned);
+            if delete.is_empty() {
+                return Ok(());
+            }
+            // Another container (a fork, a restored copy) may stack on a checkpoint: that one
+            // stays whole, and so do the members of its chain. Newest first: a checkpoint is
+            // compacted only once nothing stacks on its layer any more (the store refuses
+            // otherwise), so every later one of the chain goes before it.
+            let in_use = |e: &StoreError| {
+                matches!(
+                    e,
+                    StoreError::InUse { .. }
+                        | StoreError::InChain { .. }
+                        | StoreError::UsedAsLower { .. }
+                )
+            };
+            for (seq, chain) in chains.iter().rev() {
+                if needs_compaction(*seq, chain, &delete, &pinned) {
+                    match store.compact(&ns, &cid, *seq) {
+                        Ok(_) => {}
+                        Err(CompactCheckpointError::Store(e)) if in_use(&e) => {
+                            info!("container {cid}: retention keeps checkpoint {seq}'s chain: {e}");
+                            delete.retain(|d| !chain.contains(d));
+                        }
+                        Err(e) => {
+                            return Err(e.into());
+                        }
+                    }
+                }
+            }
+            // Newest first too: the store refuses to delete a checkpoint while a later one (also
+            // dropped) still stacks on its layer, so oldest first removed only the newest each
+            // pass and the store grew past `keep` (found by the chaos soak).
+            delete.sort_unstable_by(|a, b| b.cmp(a));
+            for seq in delete {
+                let mut adopted = 0;
+                loop {
+                    match store.delete(&ns, &cid, seq) {
+                        // A fork's checkpoint stacks on this layer. Made standalone (its own
+                        // copy of the layers it borrows), it no longer needs it; refused while a
+                        // running rootfs stacks on that checkpoint (the fork runs).
+                        Err(StoreError::UsedAsLower { by, .. }) if adopted < MAX_ADOPTIONS => {
+                            match adopt_layers(&store, &by) {
+                                Ok(()) => adopted += 1,
+                                Err(e) => {
+                                    info!(
+                                        "container {cid}: retention keeps checkpoint {seq}: {} \
+                                         stacks on it and cannot be compacted: {e}",
+                                        by.display()
+                                    );
+                                    break;
+                                }
+                            }
+                        }
+                        Err(e) if in_use(&e) => {
+                            info!("container {cid}: retention keeps checkpoint {seq}: {e}");
+                            break;
+                        }
+                        r => {
+                            r?;
+                            break;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+        .map_err(task("retention"))?
+    }
+}
+
+/// Another container's checkpoints (forks' own) that retention makes standalone in one pass
+/// over one checkpoint it drops.
+const MAX_ADOPTIONS: usize = 64;
+
+/// Compacts the checkpoint at `dir` (of another container: a fork's, whose layers stack on the
+/// checkpoint it was forked from) into a standalone one that borrows no layer; a later
+/// checkpoint of that container stacking on it goes first (it takes the layers).
+fn adopt_layers(store: &criu_bridge::Store, dir: &std::path::Path) -> Result<()> {
+    let m = criu_bridge::Checkpoint::open(dir)?.manifest;
+    let mut seq = m.seq;
+    for _ in 0..MAX_ADOPTIONS {
+        match store.compact(&m.namespace, &m.container, seq) {
+            Err(CompactCheckpointError::Store(StoreError::InChain { needed_by, .. })) => {
+                seq = needed_by
+            }
+            r => {
+                r?;
+                info!(
+                    "checkpoint {seq} of {}/{} compacted: it no longer borrows another \
+                     container's layers",
+                    m.namespace, m.container
+                );
+                return Ok(());
+            }
+        }
+    }
+    Err(crate::error::Error::FailedPrecondition(format!(
+        "the chain of {}/{} stacking on checkpoint {} is longer than {MAX_ADOPTIONS}",
+        m.namespace, m.container, m.seq
+    )))
+}
+
+/// The checkpoints `refs` (with their filesystem chains) that retention deletes to keep `keep`:
+/// those the scheduler's plan drops, but neither a `pinned` one (the mounted rootfs stacks on
+/// it) nor one whose layer a pinned one's chain needs.
+fn to_delete(
+    refs: &[scheduler::CheckpointRef<u64>],
+    chains: &BTreeMap<u64, Vec<u64>>,
+    keep: usize,
+    pinned: &[u64],
+) -> Vec<u64> {
+    let needed_by_pinned = |d: u64| {
+        pinned
+            .iter()
+            .any(|p| chains.get(p).is_some_and(|c| c.contains(&d)))
+    };
+    scheduler::plan_retention(refs, keep)
+        .delete
+        .into_iter()
+        .filter(|d| !pinned.contains(d) && !needed_by_pinned(*d))
+        .collect()
+}
+
+/// Whether kept checkpoint `seq` (filesystem chain `chain`) must be compacted before `delete`
+/// goes: its chain reaches one of them.
+fn needs_compaction(seq: u64, chain: &[u64], delete: &[u64], pinned: &[u64]) -> bool {
+    !delete.contains(&seq) && !pinned.contains(&seq) && chain.iter().any(|l| delete.contains(l))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checkpoints 1..=n, each a child of the one before, each chain all of its ancestors.
+    pub(super) fn linear(n: u64) -> (Vec<scheduler::CheckpointRef<u64>>, BTreeMap<u64, Vec<u64>>) {
+        let refs = (1..=n)
+            .map(|seq| scheduler::CheckpointRef {
+                id: seq,
+                seq,
+                parent: (seq > 1).then(|| seq - 1),
+            })
+            .collect();
+        let chains = (1..=n)
+            .map(|seq| (seq, (1..=seq).rev().collect()))
+            .collect();
+        (refs, chains)
+    }
+
+    #[test]
+    pub(super) fn the_oldest_go_beyond_keep() {
+        let (refs, chains) = linear(5);
+        let mut delete = to_delete(&refs, &chains, 3, &[]);
+        delete.sort_unstable();
+        assert_eq!(delete, vec![1, 2]);
+        assert!(to_delete(&refs, &chains, 5, &[]).is_empty());
+    }
+
+    #[test]
+    pub(super) fn pinned_checkpoints_and_their_layers_stay() {
+        let (refs, chains) = linear(5);
+        // The mounted rootfs stacks on 2: 2 and the 1 its chain reaches stay.
+        assert!(to_delete(&refs, &chains, 3, &[2]).is_empty());
+        // Pinned 1 alone: 2 may go.
+        assert_eq!(to_delete(&refs, &chains, 3, &[1]), vec![2]);
+    }
+
+    #[test]
+    pub(super) fn a_kept_checkpoint_reaching_a_deleted_layer_is_compacted() {
+        let (_, chains) = linear(5);
+        let delete = [1, 2];
+        let compact: Vec<u64> = chains
+            .iter()
+            .filter(|(seq, chain)| needs_compaction(**seq, chain, &delete, &[]))
+            .map(|(seq, _)| *seq)
+            .collect();
+        assert_eq!(compact, vec![3, 4, 5]);
+        // Neither a deleted nor a pinned one.
+        assert!(!needs_compaction(2, &chains[&2], &delete, &[]));
+        assert!(!needs_compaction(3, &chains[&3], &delete, &[3]));
+    }
+}
