@@ -502,6 +502,7 @@ fn one_instant<'a>(
     // Always leave-running: in exit mode the container ends once the checkpoint is stored.
     let watch = crate::watch::FrozenWatch::arm(
         id,
+        &req.runc.root,
         init,
         req.frozen_limit.saturating_sub(frozen_at.elapsed()),
     );

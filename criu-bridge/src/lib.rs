@@ -9,6 +9,7 @@ pub mod layer;
 pub mod lazy;
 mod netlock;
 mod restore;
+mod restore_watch;
 pub mod runc;
 pub mod store;
 mod sys;

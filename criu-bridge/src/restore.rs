@@ -200,7 +200,13 @@ pub fn restore_processes(
         no_pivot: false,
         lazy_pages: lazy.is_some(),
     };
-    req.runc.restore(&args, stdio).map_err(|source| {
+    let watch = crate::restore_watch::RestoreWatch::arm(req.id, &req.runc.root, req.work_dir);
+    let restored = req.runc.restore(&args, stdio);
+    match restored {
+        Ok(()) => watch.disarm(),
+        Err(_) => watch.failed(),
+    }
+    restored.map_err(|source| {
         if let Some(l) = &lazy {
             l.kill();
         }

@@ -5,6 +5,8 @@
 //! `runc checkpoint` that waits for it. So it does as soon as the container's init has died. The dump then fails, and the checkpoint's own error path
 //! undoes the network lock and thaws the container.
 
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -47,10 +49,12 @@ const KILL_EVERY: Duration = Duration::from_millis(100);
 const RUNC_GRACE: Duration = Duration::from_secs(1);
 
 impl FrozenWatch {
-    /// Starts watching: past `left`, the dump is ended.
-    pub fn arm(id: &str, init: i32, left: Duration) -> Self {
+    /// Starts watching the dump of `id` by the runc of state dir `root`: past `left`, the dump
+    /// is ended.
+    pub fn arm(id: &str, root: &Path, init: i32, left: Duration) -> Self {
         let (done, rx) = mpsc::channel::<()>();
         let id = id.to_string();
+        let root: PathBuf = root.to_path_buf();
         let thread = std::thread::Builder::new()
             .name("belayer-frozen-watch".into())
             .spawn(move || {
@@ -63,7 +67,7 @@ impl FrozenWatch {
                     }
                     // A dead init ends the dump's purpose: CRIU may wait on it until the bound.
                     if Instant::now() >= deadline || crate::blocked::is_dead(init) {
-                        return Some(end_dump(&id, init, &rx));
+                        return Some(end_dump(&id, &root, init, &rx));
                     }
                 }
             })
@@ -95,14 +99,14 @@ impl Drop for FrozenWatch {
 /// Ends the overdue dump of container `id`: names what CRIU waits on, then SIGKILLs CRIU and
 /// its descendants — again every [`KILL_EVERY`] until `done` says the dump returned (runc may
 /// not have started CRIU yet) — and runc itself if no CRIU turns up within [`RUNC_GRACE`].
-fn end_dump(id: &str, init: i32, done: &mpsc::Receiver<()>) -> Stall {
+fn end_dump(id: &str, root: &Path, init: i32, done: &mpsc::Receiver<()>) -> Stall {
     let overdue = Instant::now();
     let mut stall = Stall {
         criu: Vec::new(),
         task: None,
     };
     loop {
-        let runcs = runc_checkpoints(id);
+        let runcs = runcs("checkpoint", id, root);
         let criu: Vec<i32> = runcs.iter().flat_map(|&r| descendants(r)).collect();
         if stall.task.is_none() {
             stall.task = criu
@@ -132,11 +136,13 @@ fn kill(pid: i32) {
     unsafe { libc::kill(pid, libc::SIGKILL) };
 }
 
-/// The `runc checkpoint` processes of container `id` (the id is runc's last argument).
-fn runc_checkpoints(id: &str) -> Vec<i32> {
+/// The `runc <verb>` processes of container `id` under runc state dir `root` (the id is runc's
+/// last argument; the root tells apart containers of one id in other namespaces).
+pub(crate) fn runcs(verb: &str, id: &str, root: &Path) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    let root = root.as_os_str().as_bytes();
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
@@ -144,14 +150,15 @@ fn runc_checkpoints(id: &str) -> Vec<i32> {
             let args = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let args: Vec<&[u8]> = args.split(|&b| b == 0).filter(|a| !a.is_empty()).collect();
             args.first().is_some_and(|a| a.ends_with(b"runc"))
-                && args.contains(&&b"checkpoint"[..])
+                && args.contains(&verb.as_bytes())
+                && args.windows(2).any(|w| w[0] == b"--root" && w[1] == root)
                 && args.last() == Some(&id.as_bytes())
         })
         .collect()
 }
 
 /// Every descendant of `pid`, parents before children.
-fn descendants(pid: i32) -> Vec<i32> {
+pub(crate) fn descendants(pid: i32) -> Vec<i32> {
     let mut found = Vec::new();
     let mut pending = vec![pid];
     while let Some(p) = pending.pop() {
@@ -219,6 +226,7 @@ mod tests {
     fn a_watch_disarmed_in_time_ends_nothing() {
         let w = FrozenWatch::arm(
             "no-such-container",
+            Path::new("/run/no-such-runc-root"),
             std::process::id() as i32,
             Duration::from_secs(5),
         );
@@ -227,23 +235,30 @@ mod tests {
 
     #[test]
     fn an_overdue_watch_ends_the_checkpoints_runc_and_criu() {
-        // A stand-in pair named as runc and its CRIU would be: `runc … checkpoint … <id>` with
-        // a child. Both are ended; the stall names the child as CRIU.
+        // A stand-in pair named as runc and its CRIU would be: `runc --root R checkpoint … <id>`
+        // with a child. Both are ended; the stall names the child as CRIU.
         let dir = tempfile::tempdir().unwrap();
         let runc = dir.path().join("runc");
         std::os::unix::fs::symlink("/bin/sh", &runc).unwrap();
         let id = format!("watch-test-{}", std::process::id());
+        let root = dir.path().join("root");
         let mut fake = std::process::Command::new(&runc)
-            .args(["-c", "sleep 600 & wait", "checkpoint", &id])
+            .args(["-c", "sleep 600 & wait", "--root"])
+            .arg(&root)
+            .args(["checkpoint", &id])
             .spawn()
             .unwrap();
+        // A runc of the same id under another state dir (another namespace) is not this dump's.
+        assert!(runcs("checkpoint", &id, &dir.path().join("other")).is_empty());
+        assert_eq!(runcs("checkpoint", &id, &root), vec![fake.id() as i32]);
+        assert!(runcs("restore", &id, &root).is_empty());
         let start = Instant::now();
         while descendants(fake.id() as i32).is_empty() {
             assert!(start.elapsed().as_secs() < 10);
             std::thread::sleep(Duration::from_millis(5));
         }
         let sleeper = descendants(fake.id() as i32)[0];
-        let w = FrozenWatch::arm(&id, 1, Duration::from_millis(50));
+        let w = FrozenWatch::arm(&id, &root, 1, Duration::from_millis(50));
         // The "dump" returns once runc does: it ends when its child is killed.
         fake.wait().unwrap();
         let stall = w.disarm().expect("the watch ended the dump");

@@ -26,12 +26,6 @@ fn a_seeded_soak_loses_nothing_and_leaks_nothing() {
     // criu-kill-dump,init-kill-action,init-kill-checkpoint --rate 0.35` (chaos-1, turn 5).
     // The benchmark still injects it and reports each such death as a violation.
     cfg.schedule.kinds.retain(|k| *k != Kind::CriuKillDump);
-    // Not criu-kill-restore: a CRIU SIGKILLed once it has forked the restored tasks leaves
-    // `runc restore` waiting for ever on those forks (they hold CRIU's RPC socket), and the
-    // shim's restore with it, holding the container: its status and kill hang (docs/chaos.md,
-    // "Open"). Seen with `belayer-bench chaos --sandboxes 2 --minutes 2 --seed 1 --kinds
-    // criu-kill-restore --rate 0.3` (both injections). The benchmark still injects it.
-    cfg.schedule.kinds.retain(|k| *k != Kind::CriuKillRestore);
     // Not disk-full: it fills only a store on a private tmpfs (`belayer-bench chaos
     // --store-mb`), and this test's store is on the machine's disk.
     cfg.schedule.kinds.retain(|k| *k != Kind::DiskFull);

@@ -357,3 +357,159 @@ fn a_killed_shim_leaves_checkpoints_that_restore_and_fork() {
     remove(&c, &fork);
     remove(&c, "shimkill");
 }
+
+/// The children of `pid`, by the parent each task names in `/proc/<task>/stat` (runc is a Go
+/// program: a child shows only in the `children` file of the thread that forked it).
+fn children(pid: u32) -> Vec<u32> {
+    let parent = |p: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 1..];
+        rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+    };
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| parent(p) == Some(pid))
+        .collect()
+}
+
+/// The pid of the CRIU a `runc restore` of `id` runs, once it has forked the restored root
+/// task (runc has CRIU restore it as runc's own child, in the container's pid namespace).
+fn restoring_criu(id: &str) -> Option<u32> {
+    let read =
+        |p: u32, f: &str| std::fs::read_to_string(format!("/proc/{p}/{f}")).unwrap_or_default();
+
+    let ns_depth = |p: u32| {
+        read(p, "status")
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))
+            .map(|ids| ids.split_whitespace().count())
+    };
+    let runc = std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&p| {
+            let args = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = args.split(|&b| b == 0).filter(|a| !a.is_empty()).collect();
+            args.first().is_some_and(|a| a.ends_with(b"runc"))
+                && args.contains(&&b"restore"[..])
+                && args.last() == Some(&id.as_bytes())
+        })?;
+    let depth = ns_depth(runc)?;
+    let criu: Vec<(u32, usize)> = children(runc)
+        .into_iter()
+        .filter(|&p| read(p, "comm").trim() == "criu")
+        .filter_map(|p| Some((p, ns_depth(p)?)))
+        .collect();
+    let forked = criu.iter().any(|&(_, d)| d > depth);
+    criu.iter()
+        .find(|&&(_, d)| d == depth)
+        .filter(|_| forked)
+        .map(|&(p, _)| p)
+}
+
+/// A CRIU SIGKILLed while it restores a container (its forked tasks still hold its RPC socket,
+/// and runc waited on them for ever, the container's lock held) ends the restore with an error:
+/// the container answers, nothing of the failed restore runs or stays mounted, and the
+/// checkpoint restores on the next try. (Found by the chaos soak's `criu-kill-restore`.)
+#[test]
+fn a_criu_killed_mid_restore_ends_the_restore_and_leaves_nothing() {
+    use belayer_integration::episode::{self, Sandbox};
+    let c = Containerd::start(Flavor::V2);
+    let s = Sandbox::start(&c, BELAYER, "criukill");
+    // 400 MiB of memory to restore keep CRIU's forks waiting long enough to be caught.
+    s.run(&episode::actions(400));
+    let cp = checkpoint(&c, "criukill");
+    let mut killed = 0;
+    for attempt in 1..=8 {
+        crash(&c, "criukill");
+        let over = std::sync::atomic::AtomicBool::new(false);
+        let start = std::time::Instant::now();
+        let (out, took, unstuck, hit) = std::thread::scope(|scope| {
+            let hunter = scope.spawn(|| {
+                while !over.load(std::sync::atomic::Ordering::Relaxed) {
+                    let criu = restoring_criu("criukill");
+                    if criu.is_some_and(|p| belayer_integration::sigkill(i64::from(p)).is_ok()) {
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                false
+            });
+            let restore = scope.spawn(|| c.belayer(&["restore", "criukill", "--checkpoint", &cp]));
+            let ended = wait_until(Duration::from_secs(60), || restore.is_finished());
+            let took = start.elapsed();
+            // A restore still waiting (the old shim: runc on CRIU's forks for ever) is
+            // unstuck as an operator would, by killing the forks, so the test can report it.
+            let unstuck = (!ended).then(|| {
+                leaks::pids_with_args(&["restore"])
+                    .into_iter()
+                    .filter(|&p| {
+                        std::fs::read(format!("/proc/{p}/cmdline"))
+                            .is_ok_and(|a| a.ends_with(b"criukill\0"))
+                            && std::fs::read_to_string(format!("/proc/{p}/comm"))
+                                .is_ok_and(|c| c.trim() == "runc")
+                    })
+                    .flat_map(children)
+                    .map(|p| {
+                        let status = std::fs::read_to_string(format!("/proc/{p}/status"))
+                            .unwrap_or_default();
+                        let field = |name: &str| {
+                            status
+                                .lines()
+                                .find_map(|l| l.strip_prefix(name))
+                                .unwrap_or_default()
+                                .trim()
+                                .to_string()
+                        };
+                        let seen = format!("{p} {} NSpid {}", field("Name:"), field("NSpid:"));
+                        let _ = belayer_integration::sigkill(i64::from(p));
+                        seen
+                    })
+                    .collect::<Vec<_>>()
+            });
+            let out = restore.join().expect("restore thread");
+            over.store(true, std::sync::atomic::Ordering::Relaxed);
+            let hit = hunter.join().unwrap_or(false);
+            (out, took, unstuck, hit)
+        });
+        assert!(
+            unstuck.is_none(),
+            "attempt {attempt}: the restore still waited {took:?} after CRIU was killed \
+             (its forks {unstuck:?} were killed to end it): {out:?}"
+        );
+        if !hit {
+            assert_eq!(out.code, 0, "attempt {attempt}: restore: {out:?}");
+            continue;
+        }
+        killed += 1;
+        assert_ne!(
+            out.code, 0,
+            "attempt {attempt}: a restore whose CRIU was killed: {out:?}"
+        );
+        assert!(
+            took < Duration::from_secs(60),
+            "attempt {attempt}: the restore took {took:?} to fail: {out:?}"
+        );
+        let status = c.belayer(&["status", "criukill"]);
+        assert_eq!(status.code, 0, "the container does not answer: {status:?}");
+        let left: Vec<String> = leaks::mounts_under(&c.dir)
+            .into_iter()
+            .filter(|m| m.contains(".criu"))
+            .collect();
+        assert!(left.is_empty(), "CRIU's mounts left: {left:?}");
+        break;
+    }
+    assert!(
+        killed > 0,
+        "no restore was caught with CRIU running in 8 tries"
+    );
+    // Nothing was lost: the checkpoint restores whole.
+    restore(&c, "criukill", Some(&cp));
+    assert_processes_intact(&s);
+    remove(&c, "criukill");
+    assert_nothing_left(&c, "criukill");
+}
