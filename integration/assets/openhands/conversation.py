@@ -39,6 +39,24 @@ import stub_llm  # noqa: E402
 from openhands.sdk import LLM, Conversation  # noqa: E402
 from openhands.tools.preset.default import get_default_agent  # noqa: E402
 from openhands.workspace import DockerWorkspace  # noqa: E402
+from openhands.workspace.docker.workspace import check_port_available  # noqa: E402
+
+# How long a run waits for the server's port. The previous conversation's server, killed with its
+# sandbox, leaves its connections in TIME_WAIT on the port for 60 s, and DockerWorkspace refuses a
+# port it cannot bind without SO_REUSEADDR ("Port 8000 is not available").
+PORT_WAIT_S = 120.0
+
+
+def wait_for_port(port: int) -> float:
+    """Waits until DockerWorkspace's own check passes for `port`; returns the seconds waited."""
+    started = time.monotonic()
+    while not check_port_available(port):
+        if time.monotonic() - started > PORT_WAIT_S:
+            held = subprocess.run(["ss", "-tanp", f"sport = :{port}"], capture_output=True,
+                                  text=True).stdout
+            raise SystemExit(f"port {port} still taken after {PORT_WAIT_S:.0f} s:\n{held}")
+        time.sleep(0.5)
+    return round(time.monotonic() - started, 2)
 
 PROJECT = "/workspace/project"
 
@@ -142,6 +160,7 @@ def main() -> None:
     # The agent-server binds 0.0.0.0 on the host's network: give it a session key.
     key = secrets.token_hex(16)
     os.environ["OH_SESSION_API_KEYS_0"] = key
+    port_wait_s = wait_for_port(args.port)
     started = time.monotonic()
     workspace = DockerWorkspace(server_image=args.image, host_port=args.port, network="host",
                                 detach_logs=False, health_check_timeout=120)
@@ -151,6 +170,7 @@ def main() -> None:
         with open(args.id_file + ".tmp", "w") as f:
             f.write(cid)
         os.replace(args.id_file + ".tmp", args.id_file)
+        report["port_wait_s"] = port_wait_s
         report["sandbox_ready_s"] = round(time.monotonic() - started, 2)
         report["runtime"] = subprocess.run(
             ["docker", "inspect", "-f", "{{.HostConfig.Runtime}}", cid],
