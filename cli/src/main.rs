@@ -68,6 +68,10 @@ enum Command {
         container: String,
         #[arg(long)]
         checkpoint: Option<String>,
+        /// Print what was restored as one JSON line: for a restore in place, the shim's answer
+        /// with where its time went (`verify_ms`, `mount_ms`, `restore_ms`, `total_ms`).
+        #[arg(long)]
+        json: bool,
     },
     /// Start N new containers from a checkpoint, each with its own writable layer; prints their ids.
     Fork {

@@ -314,8 +314,22 @@ fn journal_rewind_and_replay() {
     assert_eq!(s.exec("touch /flag && echo three >> /log", None).code, 0);
     let journal = c.belayer(&["journal", "replay"]).ok().stdout;
     assert_eq!(journal.lines().count(), 3, "{journal}");
-    let out = c.belayer(&["restore", "replay", "--checkpoint", &cp]).ok();
-    assert_eq!(out.code, 0);
+    let out = c
+        .belayer(&["restore", "replay", "--checkpoint", &cp, "--json"])
+        .ok();
+    // --json prints the shim's answer: what it restored and where the time went.
+    let info: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("one JSON line");
+    assert_eq!(
+        (info["container"].as_str(), info["checkpoint"].as_str()),
+        (Some("replay"), Some(cp.as_str())),
+        "{info}"
+    );
+    let ms = |k: &str| info[k].as_u64().unwrap_or_else(|| panic!("no {k}: {info}"));
+    assert!(
+        ms("verify_ms") + ms("mount_ms") + ms("restore_ms") <= ms("total_ms") + 2,
+        "{info}"
+    );
+    assert!(info["pid"].as_u64().is_some_and(|p| p > 0), "{info}");
     let status = status(&c, "replay");
     let p = &status["position"];
     assert_eq!(

@@ -74,7 +74,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Restore {
             container,
             checkpoint,
-        } => restore::run(&cx, &container, checkpoint.as_deref()),
+            json,
+        } => restore::run(&cx, &container, checkpoint.as_deref(), json),
         Command::Fork {
             container,
             checkpoint,

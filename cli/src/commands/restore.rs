@@ -1,17 +1,22 @@
-//! `belayer restore CONTAINER [--checkpoint N]`: in place through the shim when the container
-//! has a task, else as a new task that restores the checkpoint (default: the newest).
+//! `belayer restore CONTAINER [--checkpoint N] [--json]`: in place through the shim when the
+//! container has a task, else as a new task that restores the checkpoint (default: the newest).
+//! `--json` prints what was restored: in place, the shim's `RestoreInfo` (with its split of the
+//! time); as a new task, `{"container", "checkpoint", "in_place": false}`.
 
 use belayer_api::{RestoreInfo, RestoreRequest, parse_checkpoint_id};
 
 use super::Context;
 use crate::error::{Error, Result};
 
-pub fn run(cx: &Context, container: &str, checkpoint: Option<&str>) -> Result<()> {
+pub fn run(cx: &Context, container: &str, checkpoint: Option<&str>, json: bool) -> Result<()> {
     let seq = checkpoint.map(parse_checkpoint_id).transpose()?;
     let ctl = cx.control(container);
     if ctl.exists() {
-        let _: RestoreInfo =
+        let info: RestoreInfo =
             ctl.call("POST", "restore", Some(&RestoreRequest { checkpoint: seq }))?;
+        if json {
+            println!("{}", serde_json::to_value(&info).unwrap_or_default());
+        }
         return Ok(());
     }
     let seq = match seq {
@@ -21,5 +26,14 @@ pub fn run(cx: &Context, container: &str, checkpoint: Option<&str>) -> Result<()
             .last()
             .ok_or_else(|| Error::NoCheckpoints(container.to_string()))?,
     };
-    cx.containerd.restore_task(container, seq)
+    cx.containerd.restore_task(container, seq)?;
+    if json {
+        let out = serde_json::json!({
+            "container": container,
+            "checkpoint": seq.to_string(),
+            "in_place": false,
+        });
+        println!("{out}");
+    }
+    Ok(())
 }

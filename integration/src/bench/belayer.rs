@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::bench::check::{self, Checks};
-use crate::bench::control;
 use crate::bench::ctrd::{self, BELAYER};
 use crate::bench::stats::Samples;
 use crate::containerd::{Containerd, Out};
@@ -246,8 +245,8 @@ fn fork(
     }
 }
 
-/// One more restore of the live container, straight through the control API, for the shim's
-/// own split of the time (the CLI does not print it); checked like the others.
+/// One more restore of the live container, by `belayer restore --json`, for the shim's own
+/// split of the time; checked like the others.
 fn breakdown(
     c: &Containerd,
     set: Settings,
@@ -258,8 +257,14 @@ fn breakdown(
     checks: &mut Checks,
 ) {
     let start = Instant::now();
-    let answer = control::restore(&c.ns, id, cp.parse().unwrap_or(0));
+    let out = c.belayer(&["restore", "--json", "--checkpoint", cp, id]);
     let secs = start.elapsed().as_secs_f64();
+    let answer: Result<Value, String> = if out.code == 0 {
+        serde_json::from_str(out.stdout.trim())
+            .map_err(|e| format!("unreadable answer {:?}: {e}", out.stdout))
+    } else {
+        Err(format!("belayer restore: {out:?}"))
+    };
     let detail = match &answer {
         Ok(v) => v.to_string(),
         Err(e) => e.clone(),
@@ -269,7 +274,7 @@ fn breakdown(
         set.key,
         run,
         id,
-        "restore through the control API runs the task",
+        "belayer restore --json runs the task",
         ok,
         detail,
     );
@@ -286,10 +291,10 @@ fn breakdown(
             samples.push(&format!("belayer_restore_{key}"), ms as f64 / 1e3);
         }
     }
-    eprintln!("  belayer restore (control API) {secs:.2}s: {info}");
+    eprintln!("  belayer restore --json {secs:.2}s: {info}");
     let s = Sandbox::attach(c, id);
     let exec = |script: &str| s.exec(script, None);
-    let target = format!("{id} (control API)");
+    let target = format!("{id} (restore --json)");
     let digest = check::digest_after_restore(checks, set.key, run, &target, None, &exec);
     check::restored(checks, set.key, run, &target, &digest, &exec);
 }

@@ -13,7 +13,6 @@
 pub mod belayer;
 pub mod chaos;
 pub mod check;
-pub mod control;
 pub mod ctrd;
 pub mod env;
 pub mod gateway;

@@ -70,7 +70,7 @@ pub const MEASURES: &[(&str, &str)] = &[
     ("belayer_restore_live_memory", "… → memory intact"),
     (
         "belayer_restore_shim",
-        "Belayer: restore of a live container via the control API",
+        "Belayer: `belayer restore --json` of a live container (CLI wall)",
     ),
     (
         "belayer_restore_verify",
