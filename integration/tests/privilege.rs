@@ -283,12 +283,16 @@ fn a_capability_raised_checkpoint_image_is_refused_by_ctr_container_restore() {
     let s = |p: &Path| p.display().to_string();
     let exported = work.join("good.tar");
     // A checkpoint image has no platform manifest: no Docker manifest.json, every platform.
-    let flags = ["--skip-manifest-json", "--all-platforms"];
+    // --local: through the transfer API (the default) ctr returns once containerd has sent the
+    // archive, while its own goroutine may still be writing it to the file (containerd 2.1's
+    // `ImageExportStream.MarshalAny`): 1 run in 6 read a truncated tar here.
+    let flags = ["--skip-manifest-json", "--all-platforms", "--local"];
     c.ctr(&[
         "images",
         "export",
         flags[0],
         flags[1],
+        flags[2],
         &s(&exported),
         "belayer.local/good:1",
     ])
