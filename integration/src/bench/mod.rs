@@ -4,12 +4,14 @@
 //! plot.svg, and one JSON object as the last stdout line) and draws with [`plot`].
 //!
 //! - `env`: environment checkpoint, restore and fork against replay, containerd and podman;
+//! - `auto`: what automatic checkpoints cost an agent episode, against runc-v2;
 //! - `gateway`: the latency `belayer gateway` adds to a request;
 //! - `rollout`: an end-to-end rollout with injected failures, with and without Belayer;
 //! - `worker`: the rollout worker's recovery (shadow takeover + KV rebuild vs a cold start);
 //! - `sched`: the checkpoint-scheduling simulator;
 //! - `chaos`, `zdtm`: the fault-injection soak and CRIU's ZDTM suite through Belayer.
 
+pub mod auto;
 pub mod belayer;
 pub mod chaos;
 pub mod check;

@@ -8,7 +8,9 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-use belayer_integration::bench::{chaos, env, gateway, rollout, run_main, sched, worker, zdtm};
+use belayer_integration::bench::{
+    auto, chaos, env, gateway, rollout, run_main, sched, worker, zdtm,
+};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -22,6 +24,8 @@ struct Cli {
 enum Suite {
     /// Environment checkpoint/restore/fork vs replay, containerd and podman (root)
     Env(env::Args),
+    /// Automatic checkpoints' cost to an agent episode, against runc-v2 (root)
+    Auto(auto::Args),
     /// LLM gateway: latency added per request, hints to a real shim (root)
     Gateway(gateway::Args),
     /// End-to-end rollout with injected failures: Belayer vs replay vs none (root)
@@ -68,6 +72,7 @@ fn external(args: Vec<OsString>) -> ExitCode {
 fn main() -> ExitCode {
     match Cli::parse().suite {
         Suite::Env(a) => run_main("env", true, || env::run(&a)),
+        Suite::Auto(a) => run_main("auto", true, || auto::run(&a)),
         Suite::Gateway(a) => run_main("gateway", true, || gateway::run(&a)),
         Suite::Rollout(a) => run_main("rollout", true, || rollout::suite::main(&a)),
         Suite::Worker(a) => run_main("worker", false, || worker::run(&a)),
