@@ -19,7 +19,32 @@
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::fs::File;
 use std::os::fd::AsRawFd;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+/// Why the CRIU lock tables could not be listed or deleted.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum NetLockError {
+    #[error("cannot load libnftables.so.1")]
+    Library,
+    #[error("libnftables.so.1 has no {0}")]
+    Symbol(String),
+    #[error("nft_ctx_new failed")]
+    Context,
+    #[error("nft {cmd:?}: {message}")]
+    Command { cmd: String, message: String },
+    #[error("cannot open {path}: {error}")]
+    OpenNamespace {
+        path: String,
+        error: Arc<std::io::Error>,
+    },
+    #[error("cannot enter {path}: {error}")]
+    EnterNamespace {
+        path: String,
+        error: Arc<std::io::Error>,
+    },
+    #[error("the nftables thread panicked")]
+    Panicked,
+}
 
 /// The prefix of CRIU's lock tables (family and name).
 const TABLE_PREFIX: &str = "inet CRIU-";
@@ -35,17 +60,17 @@ struct Nft {
     run_cmd: unsafe extern "C" fn(*mut c_void, *const c_char) -> c_int,
 }
 
-fn nft() -> Result<&'static Nft, String> {
-    static NFT: OnceLock<Result<Nft, String>> = OnceLock::new();
+fn nft() -> Result<&'static Nft, NetLockError> {
+    static NFT: OnceLock<Result<Nft, NetLockError>> = OnceLock::new();
     NFT.get_or_init(load).as_ref().map_err(Clone::clone)
 }
 
-fn load() -> Result<Nft, String> {
+fn load() -> Result<Nft, NetLockError> {
     let name = c"libnftables.so.1";
     // SAFETY: dlopen with a valid C string; the handle is kept for the life of the process.
     let lib = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
     if lib.is_null() {
-        return Err("cannot load libnftables.so.1".into());
+        return Err(NetLockError::Library);
     }
     // SAFETY: each type asked of `sym` is the signature libnftables.h declares for that symbol.
     unsafe {
@@ -65,15 +90,12 @@ fn load() -> Result<Nft, String> {
 ///
 /// # Safety
 /// `F` must be an `extern "C" fn` type matching the symbol's C declaration.
-unsafe fn sym<F: Copy>(lib: *mut c_void, name: &CStr) -> Result<F, String> {
+unsafe fn sym<F: Copy>(lib: *mut c_void, name: &CStr) -> Result<F, NetLockError> {
     const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut c_void>()) };
     // SAFETY: dlsym on a live handle with a valid C string.
     let p = unsafe { libc::dlsym(lib, name.as_ptr()) };
     if p.is_null() {
-        return Err(format!(
-            "libnftables.so.1 has no {}",
-            name.to_string_lossy()
-        ));
+        return Err(NetLockError::Symbol(name.to_string_lossy().into_owned()));
     }
     // SAFETY: F is a function pointer of the same size as p (checked above), and the caller
     // vouches for its signature.
@@ -87,11 +109,11 @@ struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    fn new(nft: &'a Nft) -> Result<Self, String> {
+    fn new(nft: &'a Nft) -> Result<Self, NetLockError> {
         // SAFETY: nft_ctx_new(NFT_CTX_DEFAULT) has no preconditions.
         let ctx = unsafe { (nft.ctx_new)(0) };
         if ctx.is_null() {
-            return Err("nft_ctx_new failed".into());
+            return Err(NetLockError::Context);
         }
         // SAFETY: ctx is live; buffering keeps output and errors off the shim's stdio.
         unsafe {
@@ -102,8 +124,12 @@ impl<'a> Ctx<'a> {
     }
 
     /// Runs `cmd`; its output, or its error text.
-    fn run(&self, cmd: &str) -> Result<String, String> {
-        let c = CString::new(cmd).map_err(|e| e.to_string())?;
+    fn run(&self, cmd: &str) -> Result<String, NetLockError> {
+        let failed = |message: String| NetLockError::Command {
+            cmd: cmd.to_string(),
+            message,
+        };
+        let c = CString::new(cmd).map_err(|e| failed(e.to_string()))?;
         // SAFETY: ctx is live and c a valid C string; the buffers returned stay valid until the
         // next command on ctx, and are copied out at once.
         unsafe {
@@ -114,9 +140,8 @@ impl<'a> Ctx<'a> {
             };
             match rc {
                 0 => Ok(take((self.nft.output_buffer)(self.ctx))),
-                _ => Err(format!(
-                    "nft {cmd:?}: {}",
-                    take((self.nft.error_buffer)(self.ctx)).trim()
+                _ => Err(failed(
+                    take((self.nft.error_buffer)(self.ctx)).trim().to_string(),
                 )),
             }
         }
@@ -133,25 +158,28 @@ impl Drop for Ctx<'_> {
 /// Runs `f` with an nftables context in the network namespace of process `pid`.
 fn in_netns<T: Send>(
     pid: i32,
-    f: impl FnOnce(&Ctx<'_>) -> Result<T, String> + Send,
-) -> Result<T, String> {
+    f: impl FnOnce(&Ctx<'_>) -> Result<T, NetLockError> + Send,
+) -> Result<T, NetLockError> {
     let nft = nft()?;
     let path = format!("/proc/{pid}/ns/net");
-    let ns = File::open(&path).map_err(|e| format!("cannot open {path}: {e}"))?;
+    let ns = File::open(&path).map_err(|e| NetLockError::OpenNamespace {
+        path: path.clone(),
+        error: Arc::new(e),
+    })?;
     std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: setns on a namespace fd we hold; it moves only this thread, which ends
             // when `f` returns.
             if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                return Err(format!(
-                    "cannot enter {path}: {}",
-                    std::io::Error::last_os_error()
-                ));
+                return Err(NetLockError::EnterNamespace {
+                    path: path.clone(),
+                    error: Arc::new(std::io::Error::last_os_error()),
+                });
             }
             f(&Ctx::new(nft)?)
         })
         .join()
-        .unwrap_or_else(|_| Err("the nftables thread panicked".into()))
+        .unwrap_or_else(|_| Err(NetLockError::Panicked))
     })
 }
 
@@ -166,7 +194,7 @@ fn parse_tables(listing: &str) -> Vec<String> {
 }
 
 /// The CRIU lock tables now in the network namespace of process `pid`.
-pub fn criu_tables(pid: i32) -> Result<Vec<String>, String> {
+pub fn criu_tables(pid: i32) -> Result<Vec<String>, NetLockError> {
     in_netns(pid, |ctx| Ok(parse_tables(&ctx.run("list tables")?)))
 }
 
@@ -174,7 +202,7 @@ pub fn criu_tables(pid: i32) -> Result<Vec<String>, String> {
 /// (what [`criu_tables`] listed before the dump): those a dead CRIU left. Returns them. Nothing
 /// to do when `pid` is gone (a container that died in the dump): its own namespace went with
 /// it, and in a shared one CRIU's table drops only the dead container's connections.
-pub fn release_left(pid: i32, before: &[String]) -> Result<Vec<String>, String> {
+pub fn release_left(pid: i32, before: &[String]) -> Result<Vec<String>, NetLockError> {
     if crate::blocked::is_dead(pid) {
         return Ok(Vec::new());
     }
