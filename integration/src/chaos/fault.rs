@@ -102,7 +102,9 @@ impl Kind {
                 "the checkpoint fails or becomes the newest; recovered from the newest"
             }
             Kind::CriuKillDump => {
-                "the checkpoint fails; the sandbox runs on, same init, memory intact, nothing partial"
+                "the checkpoint fails, nothing partial; the sandbox runs on, same init, memory \
+                 intact — or, when CRIU died with a task stopped at its parasite's trap (that task \
+                 then takes the SIGTRAP, exit 133), it is recovered from the newest checkpoint"
             }
             Kind::RaceCheckpoint => "succeeds or waits; the action is unaffected",
             Kind::RaceRestore => "restored; the environment is at the restored journal position",
