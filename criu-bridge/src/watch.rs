@@ -248,11 +248,20 @@ mod tests {
             .args(["checkpoint", &id])
             .spawn()
             .unwrap();
+        // spawn returns once the child's exec has replaced its memory, which can be before the
+        // loader has set its arguments (an empty cmdline for that instant): wait for them.
+        let start = Instant::now();
+        while runcs("checkpoint", &id, &root).is_empty() {
+            assert!(
+                start.elapsed().as_secs() < 10,
+                "the stand-in runc never showed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         // A runc of the same id under another state dir (another namespace) is not this dump's.
         assert!(runcs("checkpoint", &id, &dir.path().join("other")).is_empty());
         assert_eq!(runcs("checkpoint", &id, &root), vec![fake.id() as i32]);
         assert!(runcs("restore", &id, &root).is_empty());
-        let start = Instant::now();
         while descendants(fake.id() as i32).is_empty() {
             assert!(start.elapsed().as_secs() < 10);
             std::thread::sleep(Duration::from_millis(5));
