@@ -374,7 +374,16 @@ pub fn checkpoint_container_with(
             {
                 // The container runs again (a failed dump thaws it); its partial images go with
                 // `pending`.
-                tracing::warn!(container = id, error = %e, attempt, "CRIU could not seize a task; trying again");
+                tracing::warn!(container = id, error = %e, detail = ?e, attempt, "CRIU could not seize a task; trying again");
+                // A task stopped meanwhile would stall the next dump to its bound too.
+                if let Some(task) =
+                    crate::blocked::unsupported_task(state.pid, crate::blocked::freezer_is_v1())
+                {
+                    return Err(CheckpointError::Unsupported {
+                        id: id.into(),
+                        task,
+                    });
+                }
                 attempt += 1;
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
@@ -452,9 +461,23 @@ impl CheckpointError {
     /// CRIU timed out seizing a task caught in the middle of something it could not be stopped
     /// in (a vfork is looked for before the dump; this is whatever else there is). The
     /// container was thawed; a second attempt normally succeeds.
+    ///
+    /// So is a dump abandoned at the frozen bound while CRIU waited on a task it had itself
+    /// seized (the task traced by that CRIU, not stopped or blocked before): CRIU missed the
+    /// task's stop. Seen once, in a full suite on cgroup v2; ten runs of that test alone, idle
+    /// or with the cores busy, did not show it again.
     pub fn is_transient_seize_failure(&self) -> bool {
-        matches!(self, CheckpointError::Dump { log, .. }
-            if log.lines.iter().any(|l| l.contains("Unseizable non-zombie")))
+        match self {
+            CheckpointError::Dump { log, .. } => log
+                .lines
+                .iter()
+                .any(|l| l.contains("Unseizable non-zombie")),
+            CheckpointError::Stalled { stall, .. } => stall
+                .task
+                .as_ref()
+                .is_some_and(|t| t.tracer > 0 && stall.criu.contains(&t.tracer)),
+            _ => false,
+        }
     }
 }
 
@@ -659,5 +682,37 @@ mod tests {
         let other = dump_error(&["Error (criu/sk-unix.c:123): unix: Can't dump external socket"]);
         assert!(!other.is_transient_seize_failure());
         assert!(!CheckpointError::InProgress("c".into()).is_transient_seize_failure());
+    }
+
+    #[test]
+    fn a_stall_on_a_task_criu_itself_seized_is_tried_again() {
+        let stalled = |tracer: i32, state: char| CheckpointError::Stalled {
+            id: "c".into(),
+            limit: std::time::Duration::from_secs(10),
+            stall: Box::new(crate::watch::Stall {
+                criu: vec![700, 701],
+                task: Some(crate::blocked::BlockedTask {
+                    tid: 42,
+                    comm: "sh".into(),
+                    wchan: String::new(),
+                    state,
+                    tracer,
+                }),
+            }),
+        };
+        assert!(stalled(700, 't').is_transient_seize_failure());
+        // Stopped, or traced by something else (a debugger in the container): it would stall
+        // again.
+        assert!(!stalled(0, 'T').is_transient_seize_failure());
+        assert!(!stalled(99, 't').is_transient_seize_failure());
+        let unknown = CheckpointError::Stalled {
+            id: "c".into(),
+            limit: std::time::Duration::from_secs(10),
+            stall: Box::new(crate::watch::Stall {
+                criu: vec![700],
+                task: None,
+            }),
+        };
+        assert!(!unknown.is_transient_seize_failure());
     }
 }
