@@ -43,6 +43,24 @@ pub struct ServeOptions {
     pub max_seq: usize,
 }
 
+/// Why a request is refused before it is admitted (sent back as its reply's `error`).
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    /// Nothing to generate from, or nothing to generate.
+    #[error("empty prompt or max_new = 0")]
+    Empty,
+    /// Prompt and generation do not fit one sequence of this worker.
+    #[error("prompt {prompt} + max_new {max_new} exceeds this worker's --max-seq {max_seq}")]
+    OverMaxSeq {
+        prompt: usize,
+        max_new: u32,
+        max_seq: usize,
+    },
+    /// The prompt is longer than the broker's token log takes.
+    #[error("prompt {prompt} exceeds the most tokens a request carries ({MAX_TOKENS})")]
+    OverMaxTokens { prompt: usize },
+}
+
 /// The engine thread's bookkeeping around [`Engine`].
 struct Server<'a> {
     se: &'a Session<'a>,
@@ -75,17 +93,21 @@ impl Server<'_> {
         }
     }
 
-    fn check(&self, r: &GenRequest) -> Result<(), String> {
+    fn check(&self, r: &GenRequest) -> Result<(), Refusal> {
         if r.prompt.is_empty() || r.max_new == 0 {
-            return Err("empty prompt or max_new = 0".into());
+            return Err(Refusal::Empty);
         }
-        if r.prompt.len() + r.max_new as usize > self.so.max_seq || r.prompt.len() > MAX_TOKENS {
-            return Err(format!(
-                "prompt {} + max_new {} exceeds this worker's --max-seq {}",
-                r.prompt.len(),
-                r.max_new,
-                self.so.max_seq
-            ));
+        if r.prompt.len() + r.max_new as usize > self.so.max_seq {
+            return Err(Refusal::OverMaxSeq {
+                prompt: r.prompt.len(),
+                max_new: r.max_new,
+                max_seq: self.so.max_seq,
+            });
+        }
+        if r.prompt.len() > MAX_TOKENS {
+            return Err(Refusal::OverMaxTokens {
+                prompt: r.prompt.len(),
+            });
         }
         Ok(())
     }
@@ -95,7 +117,8 @@ impl Server<'_> {
         let Incoming { req, mut conn } = inc;
         let id = req.id;
         if let Err(why) = self.check(&req) {
-            listen::reply(&mut conn, &self.reply(id, Vec::new(), Some(why), false));
+            let why = Some(why.to_string());
+            listen::reply(&mut conn, &self.reply(id, Vec::new(), why, false));
             return Ok(());
         }
         if self.engine.contains(id) || self.pending.iter().any(|r| r.id == id) {

@@ -71,7 +71,8 @@ pub enum ServeError {
         /// Connection attempts.
         attempts: u32,
         /// The last transient failure.
-        last: String,
+        #[source]
+        last: AttemptError,
     },
     /// The worker refused the request.
     #[error("worker refused request {id}: {message}")]
@@ -81,6 +82,29 @@ pub enum ServeError {
         /// The worker's explanation.
         message: String,
     },
+}
+
+/// Why one connection to the serving socket got no reply (transient: the client tries again).
+#[derive(Debug, Error)]
+pub enum AttemptError {
+    /// The socket does not accept (no worker serving it, or a takeover under way).
+    #[error("connect: {0}")]
+    Connect(#[source] std::io::Error),
+    /// The read timeout cannot be set on the connection.
+    #[error("set timeout: {0}")]
+    SetTimeout(#[source] std::io::Error),
+    /// The request cannot be sent.
+    #[error("send: {0}")]
+    Send(#[source] std::io::Error),
+    /// The reply cannot be read (or none came before the deadline).
+    #[error("receive: {0}")]
+    Receive(#[source] std::io::Error),
+    /// The connection closed before a whole reply line.
+    #[error("connection closed before the reply (worker died?)")]
+    Closed,
+    /// The reply line is not a [`GenReply`].
+    #[error("malformed reply: {0}")]
+    Malformed(#[source] serde_json::Error),
 }
 
 /// What one [`GenClient::generate`] call got.
@@ -150,21 +174,20 @@ impl GenClient {
     }
 
     /// One connection: send, read one line. Any failure is transient (described for the log).
-    fn once(&self, line: &str, deadline: Instant) -> Result<GenReply, String> {
-        let mut s = UnixStream::connect(&self.path).map_err(|e| format!("connect: {e}"))?;
+    fn once(&self, line: &str, deadline: Instant) -> Result<GenReply, AttemptError> {
+        let mut s = UnixStream::connect(&self.path).map_err(AttemptError::Connect)?;
         let left = deadline.saturating_duration_since(Instant::now());
         s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
-            .map_err(|e| format!("set timeout: {e}"))?;
-        s.write_all(line.as_bytes())
-            .map_err(|e| format!("send: {e}"))?;
+            .map_err(AttemptError::SetTimeout)?;
+        s.write_all(line.as_bytes()).map_err(AttemptError::Send)?;
         let mut reply = String::new();
         let n = BufReader::new(&s)
             .read_line(&mut reply)
-            .map_err(|e| format!("receive: {e}"))?;
+            .map_err(AttemptError::Receive)?;
         if n == 0 || !reply.ends_with('\n') {
-            return Err("connection closed before the reply (worker died?)".into());
+            return Err(AttemptError::Closed);
         }
-        serde_json::from_str(&reply).map_err(|e| format!("malformed reply: {e}"))
+        serde_json::from_str(&reply).map_err(AttemptError::Malformed)
     }
 }
 
