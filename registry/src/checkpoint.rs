@@ -31,7 +31,7 @@ use tokio::io::AsyncSeekExt;
 
 use crate::client::{Access, Client};
 use crate::digest::Digest;
-use crate::error::{Error, io};
+use crate::error::{ArchiveError, Error, LayoutError, io};
 use crate::oci::{Descriptor, Manifest, OCI_MANIFEST};
 use crate::reference::Reference;
 use crate::tar::{self, Entry, Walker};
@@ -179,16 +179,16 @@ fn is_component(s: &str) -> bool {
 /// the shim writes one.
 pub fn archive_parts(export: &Path, work: &Path) -> Result<ArchiveParts, Error> {
     let chain_path = export.join(CHAIN_ARCHIVE);
-    let bad = |why: String| Error::Archive {
+    let bad = |source: ArchiveError| Error::Archive {
         path: chain_path.clone(),
-        why,
+        source,
     };
     let mut chain =
         File::open(&chain_path).map_err(io(format!("open {}", chain_path.display())))?;
     let mut entries = Vec::new();
     {
         let mut w = Walker::new(&mut chain, 0);
-        while let Some(e) = w.next_entry().map_err(&bad)? {
+        while let Some(e) = w.next_entry().map_err(|e| bad(e.into()))? {
             entries.push(e);
         }
     }
@@ -198,25 +198,22 @@ pub fn archive_parts(export: &Path, work: &Path) -> Result<ArchiveParts, Error> 
     for e in entries {
         let parts: Vec<&str> = e.path.split('/').collect();
         if parts.len() < 4 || parts[0] != "checkpoints" {
-            return Err(bad(format!(
-                "member {:?} is not under checkpoints/<namespace>/<container>/<seq>/",
-                e.path
-            )));
+            return Err(bad(ArchiveError::NotInCheckpoint { member: e.path }));
         }
         let seq: u64 = parts[3].parse().map_err(|_| {
-            bad(format!(
-                "member {:?}: {:?} is no checkpoint id",
-                e.path, parts[3]
-            ))
+            bad(ArchiveError::NoCheckpointId {
+                member: e.path.clone(),
+                seq: parts[3].to_string(),
+            })
         })?;
         let who = (parts[1].to_string(), parts[2].to_string());
         match &owner {
             None => owner = Some(who),
             Some(o) if *o != who => {
-                return Err(bad(format!(
-                    "it holds checkpoints of {}/{} and of {}/{}",
-                    o.0, o.1, who.0, who.1
-                )));
+                return Err(bad(ArchiveError::TwoContainers {
+                    first: format!("{}/{}", o.0, o.1),
+                    second: format!("{}/{}", who.0, who.1),
+                }));
             }
             Some(_) => {}
         }
@@ -224,15 +221,13 @@ pub fn archive_parts(export: &Path, work: &Path) -> Result<ArchiveParts, Error> 
             Some((s, v)) if *s == seq => v.push(e),
             _ => {
                 if members.iter().any(|(s, _)| *s == seq) {
-                    return Err(bad(format!(
-                        "the members of checkpoint {seq} are not together"
-                    )));
+                    return Err(bad(ArchiveError::Scattered { seq }));
                 }
                 members.push((seq, vec![e]));
             }
         }
     }
-    let (namespace, container) = owner.ok_or_else(|| bad("it holds no checkpoint".into()))?;
+    let (namespace, container) = owner.ok_or_else(|| bad(ArchiveError::NoCheckpoint))?;
     let newest = members.iter().map(|(s, _)| *s).max().unwrap_or_default();
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -251,9 +246,10 @@ pub fn archive_parts(export: &Path, work: &Path) -> Result<ArchiveParts, Error> 
             .unwrap_or("criu")
             .to_string();
         if !is_component(&criu_dir) {
-            return Err(bad(format!(
-                "checkpoint {seq}'s criu_dir {criu_dir:?} is not a dir of its own"
-            )));
+            return Err(bad(ArchiveError::CriuDir {
+                seq: *seq,
+                criu_dir,
+            }));
         }
         let criu_prefix = format!("{prefix}/{criu_dir}");
         let in_criu = |e: &Entry| {
@@ -276,10 +272,7 @@ pub fn archive_parts(export: &Path, work: &Path) -> Result<ArchiveParts, Error> 
         let path = work.join(format!("{i}-{seq}-criu.tar"));
         if *seq == newest {
             if !criu.is_empty() {
-                return Err(bad(format!(
-                    "it holds the CRIU images of checkpoint {seq}, the newest: they belong \
-                     beside it"
-                )));
+                return Err(bad(ArchiveError::NewestImagesInside { seq: *seq }));
             }
             let mut out = create_private(&path)?;
             flat_images(export, &criu_prefix, &mut out)?;
@@ -362,21 +355,28 @@ fn member_manifest(
     chain: &mut File,
     entries: &[Entry],
     prefix: &str,
-) -> Result<serde_json::Value, String> {
+) -> Result<serde_json::Value, ArchiveError> {
     let name = format!("{prefix}/manifest.json");
     let e = entries
         .iter()
         .find(|e| e.path == name && e.is_file())
-        .ok_or_else(|| format!("checkpoint dir {prefix} has no manifest.json"))?;
+        .ok_or_else(|| ArchiveError::NoManifest {
+            prefix: prefix.to_string(),
+        })?;
     if e.size > MAX_CHECKPOINT_MANIFEST || e.sparse {
-        return Err(format!("{name} is over {MAX_CHECKPOINT_MANIFEST} bytes"));
+        return Err(ArchiveError::ManifestOverLimit {
+            name,
+            limit: MAX_CHECKPOINT_MANIFEST,
+        });
     }
     let mut data = vec![0u8; e.size as usize];
-    chain
+    if let Err(source) = chain
         .seek(SeekFrom::Start(e.data_at))
         .and_then(|_| chain.read_exact(&mut data))
-        .map_err(|err| format!("read {name}: {err}"))?;
-    serde_json::from_slice(&data).map_err(|err| format!("{name} is not JSON: {err}"))
+    {
+        return Err(ArchiveError::ReadManifest { name, source });
+    }
+    serde_json::from_slice(&data).map_err(|source| ArchiveError::ManifestJson { name, source })
 }
 
 /// The files of a CRIU dir's members, sorted by name, if they are its dir then plain files
@@ -417,7 +417,7 @@ fn flat_images(export: &Path, criu_prefix: &str, out: &mut impl Write) -> Result
             _ => {
                 return Err(Error::Archive {
                     path: e.path(),
-                    why: "not a regular file with a UTF-8 name: an export holds only those".into(),
+                    source: ArchiveError::NotRegularFile,
                 });
             }
         }
@@ -578,19 +578,18 @@ pub struct PulledCheckpoint {
 
 /// What a well-formed artifact's manifest lists: per member, its layer then its images (the
 /// newest member's required).
-fn check_layout(m: &Manifest, config: &CheckpointConfig) -> Result<Vec<(u64, Part)>, String> {
+fn check_layout(m: &Manifest, config: &CheckpointConfig) -> Result<Vec<(u64, Part)>, LayoutError> {
     if config.format != CONFIG_FORMAT {
-        return Err(format!(
-            "config format {} (this client reads {CONFIG_FORMAT})",
-            config.format
-        ));
+        return Err(LayoutError::Format {
+            format: config.format,
+        });
     }
     if !is_component(&config.namespace) || !is_component(&config.container) {
-        return Err("the config names no namespace or container".into());
+        return Err(LayoutError::NoOwner);
     }
     let unique: BTreeSet<u64> = config.members.iter().copied().collect();
     if unique.len() != config.members.len() || unique.last() != Some(&config.newest) {
-        return Err("the config's members are repeated, or the newest is not the greatest".into());
+        return Err(LayoutError::Members);
     }
     let mut out = Vec::new();
     let mut layers = m.layers.iter().peekable();
@@ -602,17 +601,17 @@ fn check_layout(m: &Manifest, config: &CheckpointConfig) -> Result<Vec<(u64, Par
     for &seq in &config.members {
         match layers.next() {
             Some(d) if tagged(d, seq, Part::Layer) => out.push((seq, Part::Layer)),
-            _ => return Err(format!("checkpoint {seq}'s layer is not where it belongs")),
+            _ => return Err(LayoutError::Misplaced { seq }),
         }
         if layers.peek().is_some_and(|d| tagged(d, seq, Part::Criu)) {
             layers.next();
             out.push((seq, Part::Criu));
         } else if seq == config.newest {
-            return Err(format!("checkpoint {seq}, the newest, has no CRIU images"));
+            return Err(LayoutError::NoNewestImages { seq });
         }
     }
     if layers.next().is_some() {
-        return Err("it lists layers of no member".into());
+        return Err(LayoutError::Extra);
     }
     Ok(out)
 }
@@ -706,7 +705,10 @@ async fn pull_into(
     let config_bytes = client.pull_blob_bytes(repo, &m.config).await?;
     let config: CheckpointConfig = serde_json::from_slice(&config_bytes)
         .map_err(|e| bad(format!("its config is not a Belayer checkpoint's: {e}")))?;
-    let layout = check_layout(&m, &config).map_err(&bad)?;
+    let layout = check_layout(&m, &config).map_err(|source| Error::Layout {
+        reference: reference.to_string(),
+        source,
+    })?;
 
     let chain_path = dest.join(CHAIN_ARCHIVE);
     let chain = std::fs::OpenOptions::new()
@@ -722,9 +724,9 @@ async fn pull_into(
             "checkpoints/{}/{}/{seq}",
             config.namespace, config.container
         );
-        let blob_err = |why: String| Error::Archive {
+        let blob_err = |source: ArchiveError| Error::Archive {
             path: PathBuf::from(format!("{reference} blob {}", d.digest)),
-            why,
+            source,
         };
         if seq == config.newest && part == Part::Criu {
             let tmp = dest.join(format!("{PULL_TMP}{}", d.digest.hex()));
@@ -773,37 +775,48 @@ async fn pull_into(
 
 /// Where the members of the blob of `size` bytes at `at` in `file` end: each lies in `prefix`
 /// (its checkpoint dir), and nothing but zeros follows the end-of-archive block.
-fn fragment_end(file: &mut File, at: u64, size: u64, prefix: &str) -> Result<u64, String> {
+fn fragment_end(file: &mut File, at: u64, size: u64, prefix: &str) -> Result<u64, ArchiveError> {
     let end = {
         let mut w = Walker::new(file, at);
         while let Some(e) = w.next_entry()? {
             if e.end > at + size {
-                return Err(format!("member {:?} runs past the blob's end", e.path));
+                return Err(ArchiveError::PastBlobEnd { member: e.path });
             }
             let inside = e.path == prefix
                 || e.path
                     .strip_prefix(&format!("{prefix}/"))
                     .is_some_and(|rest| rest.split('/').all(is_component));
             if !inside {
-                return Err(format!("member {:?} lies outside {prefix}", e.path));
+                return Err(ArchiveError::Outside {
+                    member: e.path,
+                    prefix: prefix.to_string(),
+                });
             }
         }
         w.end.unwrap_or(at + size)
     };
     if end + tar::BLOCK > at + size {
-        return Err("it has no end-of-archive block".into());
+        return Err(ArchiveError::NoEnd);
     }
     file.seek(SeekFrom::Start(end))
-        .map_err(|e| format!("seek: {e}"))?;
+        .map_err(|source| ArchiveError::Trailer {
+            step: "seek",
+            source,
+        })?;
     let mut rest = file.take(at + size - end);
     let mut buf = vec![0u8; 64 << 10];
     loop {
-        let n = rest.read(&mut buf).map_err(|e| format!("read: {e}"))?;
+        let n = rest
+            .read(&mut buf)
+            .map_err(|source| ArchiveError::Trailer {
+                step: "read",
+                source,
+            })?;
         if n == 0 {
             break;
         }
         if buf[..n].iter().any(|b| *b != 0) {
-            return Err("it holds data after its end-of-archive block".into());
+            return Err(ArchiveError::DataAfterEnd);
         }
     }
     Ok(end)
@@ -811,33 +824,43 @@ fn fragment_end(file: &mut File, at: u64, size: u64, prefix: &str) -> Result<u64
 
 /// Writes the images in the blob `file` flat into `dest`: the blob must hold a dir directly in
 /// `prefix` and then only plain files directly in that dir.
-fn write_flat_images(file: &mut File, prefix: &str, dest: &Path) -> Result<(), String> {
-    let len = file.metadata().map_err(|e| format!("stat: {e}"))?.len();
+fn write_flat_images(file: &mut File, prefix: &str, dest: &Path) -> Result<(), ArchiveError> {
+    let len = file.metadata().map_err(ArchiveError::Stat)?.len();
     fragment_end(file, 0, len, prefix)?;
     let mut entries = Vec::new();
     let mut w = Walker::new(file, 0);
     while let Some(e) = w.next_entry()? {
         entries.push(e);
     }
-    let (dir, files) = entries.split_first().ok_or("it holds no CRIU image dir")?;
+    let (dir, files) = entries.split_first().ok_or(ArchiveError::NoImageDir)?;
     let criu_dir = dir
         .path
         .strip_prefix(prefix)
         .and_then(|r| r.strip_prefix('/'))
         .filter(|r| is_component(r) && dir.is_dir())
-        .ok_or_else(|| format!("its first member {:?} is not a dir in {prefix}", dir.path))?;
+        .ok_or_else(|| ArchiveError::FirstNotDir {
+            member: dir.path.clone(),
+            prefix: prefix.to_string(),
+        })?;
     let mut names = BTreeSet::new();
     for e in files {
         let name = e
             .path
             .strip_prefix(&format!("{prefix}/{criu_dir}/"))
             .filter(|n| is_component(n) && *n != CHAIN_ARCHIVE && !n.starts_with(PULL_TMP))
-            .ok_or_else(|| format!("member {:?} is not an image in {prefix}/{criu_dir}", e.path))?;
+            .ok_or_else(|| ArchiveError::NotImage {
+                member: e.path.clone(),
+                dir: format!("{prefix}/{criu_dir}"),
+            })?;
         if !e.is_file() || e.sparse {
-            return Err(format!("member {:?} is not a plain file", e.path));
+            return Err(ArchiveError::NotPlainFile {
+                member: e.path.clone(),
+            });
         }
         if !names.insert(name.to_string()) {
-            return Err(format!("member {:?} comes twice", e.path));
+            return Err(ArchiveError::Twice {
+                member: e.path.clone(),
+            });
         }
         let to = dest.join(name);
         let mut out = std::fs::OpenOptions::new()
@@ -845,9 +868,12 @@ fn write_flat_images(file: &mut File, prefix: &str, dest: &Path) -> Result<(), S
             .create_new(true)
             .mode(0o600)
             .open(&to)
-            .map_err(|err| format!("create {}: {err}", to.display()))?;
+            .map_err(|source| ArchiveError::CreateImage {
+                path: to.clone(),
+                source,
+            })?;
         tar::copy_range(file, e.data_at, e.size, &mut out)
-            .map_err(|err| format!("write {}: {err}", to.display()))?;
+            .map_err(|source| ArchiveError::WriteImage { path: to, source })?;
     }
     Ok(())
 }

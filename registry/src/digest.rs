@@ -6,20 +6,35 @@ use std::path::Path;
 
 use sha2::{Digest as _, Sha256};
 
+/// Why a digest does not parse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DigestError {
+    /// Not a `sha256:` digest.
+    #[error("{digest:?}: only sha256 digests are accepted")]
+    Algorithm {
+        /// As written.
+        digest: String,
+    },
+    /// `sha256:` but not followed by 64 lower-case hex digits.
+    #[error("{digest:?}: a sha256 digest is 64 lower-case hex digits")]
+    Hex {
+        /// As written.
+        digest: String,
+    },
+}
+
 /// A `sha256:` digest (the only algorithm Belayer writes or accepts).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Digest(String);
 
 impl Digest {
     /// Parses `sha256:<64 lower-case hex>`.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let hex = s
-            .strip_prefix("sha256:")
-            .ok_or_else(|| format!("{s:?}: only sha256 digests are accepted"))?;
+    pub fn parse(s: &str) -> Result<Self, DigestError> {
+        let Some(hex) = s.strip_prefix("sha256:") else {
+            return Err(DigestError::Algorithm { digest: s.into() });
+        };
         if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-            return Err(format!(
-                "{s:?}: a sha256 digest is 64 lower-case hex digits"
-            ));
+            return Err(DigestError::Hex { digest: s.into() });
         }
         Ok(Self(s.to_string()))
     }
@@ -93,9 +108,21 @@ mod tests {
             "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
         assert_eq!(Digest::parse(d.as_str()).unwrap(), d);
-        assert!(Digest::parse("sha512:00").is_err());
-        assert!(Digest::parse(&d.as_str().to_uppercase().replace("SHA256", "sha256")).is_err());
-        assert!(Digest::parse("sha256:abc").is_err());
+        assert!(matches!(
+            Digest::parse("sha512:00"),
+            Err(DigestError::Algorithm { .. })
+        ));
+        let upper = d.as_str().to_uppercase().replace("SHA256", "sha256");
+        assert!(matches!(
+            Digest::parse(&upper),
+            Err(DigestError::Hex { .. })
+        ));
+        assert!(
+            Digest::parse("sha256:abc")
+                .unwrap_err()
+                .to_string()
+                .contains("64 lower-case hex")
+        );
         let tmp = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(tmp.path(), b"abc").unwrap();
         assert_eq!(

@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use crate::digest::Digest;
+use crate::checkpoint::CONFIG_FORMAT;
+use crate::digest::{Digest, DigestError};
+use crate::tar;
 
 /// Why a registry operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -14,6 +16,15 @@ pub enum Error {
         reference: String,
         /// What is wrong with it.
         why: String,
+    },
+    /// A reference whose digest (after `@`) does not parse.
+    #[error("reference {reference:?}: {source}")]
+    ReferenceDigest {
+        /// As written.
+        reference: String,
+        /// What is wrong with its digest.
+        #[source]
+        source: DigestError,
     },
     /// A registry this client will not talk to (https, for now; a non-loopback host in plain
     /// HTTP unless allowed).
@@ -136,6 +147,15 @@ pub enum Error {
         /// What is wrong with it.
         why: String,
     },
+    /// A Belayer checkpoint's manifest whose layers are not as its config says.
+    #[error("manifest {reference}: {source}")]
+    Layout {
+        /// The reference.
+        reference: String,
+        /// What is out of place.
+        #[source]
+        source: LayoutError,
+    },
     /// A bound of a pull is passed.
     #[error("{what} is over {limit}, the pull bound ({setting})")]
     OverLimit {
@@ -147,12 +167,13 @@ pub enum Error {
         setting: &'static str,
     },
     /// An archive (an export, a pulled layer) that is not as Belayer writes it.
-    #[error("{path}: {why}")]
+    #[error("{path}: {source}")]
     Archive {
-        /// The file.
+        /// The file (for a pulled blob: `<reference> blob <digest>`).
         path: PathBuf,
         /// What is wrong with it.
-        why: String,
+        #[source]
+        source: ArchiveError,
     },
     /// A local file operation.
     #[error("{what}")]
@@ -163,6 +184,208 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// Why an export, or a blob of a pulled checkpoint, is not as Belayer writes it.
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    /// Its tar members cannot be walked.
+    #[error(transparent)]
+    Tar(#[from] tar::ReadError),
+    /// A member outside any checkpoint dir.
+    #[error("member {member:?} is not under checkpoints/<namespace>/<container>/<seq>/")]
+    NotInCheckpoint {
+        /// The member.
+        member: String,
+    },
+    /// A member whose checkpoint dir is not named by a number.
+    #[error("member {member:?}: {seq:?} is no checkpoint id")]
+    NoCheckpointId {
+        /// The member.
+        member: String,
+        /// Its checkpoint dir's name.
+        seq: String,
+    },
+    /// Checkpoints of two containers in one export.
+    #[error("it holds checkpoints of {first} and of {second}")]
+    TwoContainers {
+        /// `<namespace>/<container>` of the first member.
+        first: String,
+        /// That of a later member.
+        second: String,
+    },
+    /// A checkpoint's members split by another's.
+    #[error("the members of checkpoint {seq} are not together")]
+    Scattered {
+        /// The checkpoint.
+        seq: u64,
+    },
+    /// No member at all.
+    #[error("it holds no checkpoint")]
+    NoCheckpoint,
+    /// A checkpoint's `manifest.json` names a CRIU dir that is not one component.
+    #[error("checkpoint {seq}'s criu_dir {criu_dir:?} is not a dir of its own")]
+    CriuDir {
+        /// The checkpoint.
+        seq: u64,
+        /// As its manifest names it.
+        criu_dir: String,
+    },
+    /// The newest checkpoint's images inside the chain archive.
+    #[error("it holds the CRIU images of checkpoint {seq}, the newest: they belong beside it")]
+    NewestImagesInside {
+        /// The newest checkpoint.
+        seq: u64,
+    },
+    /// Something but a regular file beside the chain archive.
+    #[error("not a regular file with a UTF-8 name: an export holds only those")]
+    NotRegularFile,
+    /// A checkpoint dir without its `manifest.json`.
+    #[error("checkpoint dir {prefix} has no manifest.json")]
+    NoManifest {
+        /// The checkpoint dir.
+        prefix: String,
+    },
+    /// A checkpoint's `manifest.json` past the bound read (or sparse).
+    #[error("{name} is over {limit} bytes")]
+    ManifestOverLimit {
+        /// The member.
+        name: String,
+        /// The bound.
+        limit: u64,
+    },
+    /// A checkpoint's `manifest.json` cannot be read.
+    #[error("read {name}: {source}")]
+    ReadManifest {
+        /// The member.
+        name: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A checkpoint's `manifest.json` is not JSON.
+    #[error("{name} is not JSON: {source}")]
+    ManifestJson {
+        /// The member.
+        name: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A member of a pulled blob ends past the blob.
+    #[error("member {member:?} runs past the blob's end")]
+    PastBlobEnd {
+        /// The member.
+        member: String,
+    },
+    /// A member of a pulled blob outside its checkpoint's dir.
+    #[error("member {member:?} lies outside {prefix}")]
+    Outside {
+        /// The member.
+        member: String,
+        /// The checkpoint's dir.
+        prefix: String,
+    },
+    /// A pulled blob without its end-of-archive block.
+    #[error("it has no end-of-archive block")]
+    NoEnd,
+    /// The bytes after a pulled blob's end-of-archive block cannot be read.
+    #[error("{step} after its end-of-archive block: {source}")]
+    Trailer {
+        /// `seek` or `read`.
+        step: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Something but zeros after a pulled blob's end-of-archive block.
+    #[error("it holds data after its end-of-archive block")]
+    DataAfterEnd,
+    /// The pulled blob's file cannot be looked at.
+    #[error("stat: {0}")]
+    Stat(#[source] std::io::Error),
+    /// A pulled images blob that is empty.
+    #[error("it holds no CRIU image dir")]
+    NoImageDir,
+    /// A pulled images blob that does not start with its CRIU dir.
+    #[error("its first member {member:?} is not a dir in {prefix}")]
+    FirstNotDir {
+        /// The member.
+        member: String,
+        /// The checkpoint's dir.
+        prefix: String,
+    },
+    /// A member of a pulled images blob not directly in its CRIU dir, or of a reserved name.
+    #[error("member {member:?} is not an image in {dir}")]
+    NotImage {
+        /// The member.
+        member: String,
+        /// The CRIU dir.
+        dir: String,
+    },
+    /// A member of a pulled images blob that is not a contiguous regular file.
+    #[error("member {member:?} is not a plain file")]
+    NotPlainFile {
+        /// The member.
+        member: String,
+    },
+    /// An image twice in a pulled images blob.
+    #[error("member {member:?} comes twice")]
+    Twice {
+        /// The member.
+        member: String,
+    },
+    /// An image file of a pull cannot be created.
+    #[error("create {path}: {source}")]
+    CreateImage {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An image file of a pull cannot be written.
+    #[error("write {path}: {source}")]
+    WriteImage {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Why a checkpoint's manifest does not list, per member of its config, its layer then its
+/// images.
+#[derive(Debug, thiserror::Error)]
+pub enum LayoutError {
+    /// A config of another format.
+    #[error("config format {format} (this client reads {CONFIG_FORMAT})")]
+    Format {
+        /// The config's format.
+        format: u32,
+    },
+    /// A config whose namespace or container is not one path component.
+    #[error("the config names no namespace or container")]
+    NoOwner,
+    /// A config whose member list is not a chain ending in its newest.
+    #[error("the config's members are repeated, or the newest is not the greatest")]
+    Members,
+    /// A member's layer missing or out of order.
+    #[error("checkpoint {seq}'s layer is not where it belongs")]
+    Misplaced {
+        /// The member.
+        seq: u64,
+    },
+    /// The newest member without its images.
+    #[error("checkpoint {seq}, the newest, has no CRIU images")]
+    NoNewestImages {
+        /// The newest member.
+        seq: u64,
+    },
+    /// Layers past the config's members.
+    #[error("it lists layers of no member")]
+    Extra,
 }
 
 /// Maps an io error to [`Error::Io`] naming `what`.

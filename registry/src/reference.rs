@@ -32,7 +32,13 @@ impl Reference {
             ));
         }
         let (rest, digest) = match s.split_once('@') {
-            Some((r, d)) => (r, Some(Digest::parse(d).map_err(|e| bad(&e))?)),
+            Some((r, d)) => {
+                let digest = Digest::parse(d).map_err(|source| Error::ReferenceDigest {
+                    reference: s.to_string(),
+                    source,
+                })?;
+                (r, Some(digest))
+            }
             None => (s, None),
         };
         let (registry, path) = rest

@@ -1,5 +1,6 @@
-//! Just enough tar: walking a GNU tar archive's members (ustar, pax, GNU long names, sparse)
-//! the way the shim's import check reads them, copying members with their pax access and change
+//! Just enough tar: walking a GNU tar archive's members (ustar, pax, GNU long names, sparse) —
+//! the one reader of tar headers, which the shim's import check and this crate's push and pull
+//! both use — copying members with their pax access and change
 //! times dropped, and writing the canonical members of a CRIU image directory.
 
 use std::fs::File;
@@ -11,6 +12,68 @@ pub const BLOCK: u64 = 512;
 const MAX_META: u64 = 1 << 20;
 /// The largest size an octal size field holds.
 const MAX_OCTAL_SIZE: u64 = 0o77777777777;
+
+/// Why the members of an archive cannot be walked: it is not a whole, well-formed tar archive.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// It ends before a header or a member's data does.
+    #[error("it ends inside a member, or without its end-of-archive block")]
+    Truncated,
+    /// It cannot be read.
+    #[error("cannot read it at offset {at}: {source}")]
+    Read {
+        /// Where.
+        at: u64,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Extended headers with no member after them.
+    #[error("an extended header is followed by the end of the archive")]
+    MetaAtEnd,
+    /// A header block whose checksum does not hold.
+    #[error("the header at offset {at} has a wrong checksum")]
+    Checksum {
+        /// The header's offset.
+        at: u64,
+    },
+    /// A header whose size field is no number.
+    #[error("the header at offset {at} has a size that is no number")]
+    HeaderSize {
+        /// The header's offset.
+        at: u64,
+    },
+    /// An extended header past [`MAX_META`] bytes.
+    #[error("the extended header at offset {at} is over 1 MiB")]
+    MetaOverLimit {
+        /// The header's offset.
+        at: u64,
+    },
+    /// A pax header whose records do not parse.
+    #[error("the pax header at offset {at} is malformed")]
+    Pax {
+        /// The header's offset.
+        at: u64,
+    },
+    /// A member whose pax size is no number.
+    #[error("the member {member:?} has a pax size that is no number")]
+    PaxSize {
+        /// The member.
+        member: String,
+    },
+    /// An old GNU sparse member whose apparent size is no number.
+    #[error("the member {member:?} has a sparse size that is no number")]
+    SparseSize {
+        /// The member.
+        member: String,
+    },
+    /// A member whose data would end past any offset.
+    #[error("the member {member:?} has an impossible size")]
+    Size {
+        /// The member.
+        member: String,
+    },
+}
 
 /// An extended header before a member (`x`, `g`, `L`, `K`): its header block and its data.
 #[derive(Clone, Debug)]
@@ -32,12 +95,19 @@ pub struct Entry {
     pub data_at: u64,
     /// Offset past its padded data.
     pub end: u64,
-    /// Its name (pax path, GNU long name or ustar prefix/name), without `./` or a trailing `/`.
+    /// Its name as the archive gives it (pax path, GNU long name or ustar prefix/name).
+    pub name: String,
+    /// [`Entry::name`] without `./` or a trailing `/`.
     pub path: String,
+    /// What it links to (pax linkpath, GNU long link name or ustar link name), as given.
+    pub link: String,
     /// Its type flag.
     pub kind: u8,
     /// Bytes of data in the archive (0 for members that carry none).
     pub size: u64,
+    /// Bytes it unpacks to: a sparse member's apparent size, else [`Entry::size`] (0 for
+    /// members that carry no data).
+    pub apparent: u64,
     /// Its extended headers, in order.
     pub metas: Vec<Meta>,
     /// Whether it is a sparse member (GNU sparse in pax records, or old GNU `S`).
@@ -54,6 +124,16 @@ impl Entry {
     pub fn is_dir(&self) -> bool {
         self.kind == b'5'
     }
+
+    /// Whether its type carries data (regular, contiguous and old GNU sparse files): links,
+    /// dirs, devices and fifos have none, whatever their size field says.
+    pub fn has_data(&self) -> bool {
+        has_data(self.kind)
+    }
+}
+
+fn has_data(kind: u8) -> bool {
+    matches!(kind, b'0' | b'\0' | b'7' | b'S')
 }
 
 /// Walks the members of the archive in `file` from offset `at`, up to its end-of-archive block.
@@ -74,20 +154,18 @@ impl<'a> Walker<'a> {
         }
     }
 
-    fn read_at(&mut self, at: u64, buf: &mut [u8]) -> Result<(), String> {
+    fn read_at(&mut self, at: u64, buf: &mut [u8]) -> Result<(), ReadError> {
         self.file
             .seek(SeekFrom::Start(at))
             .and_then(|_| self.file.read_exact(buf))
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::UnexpectedEof => {
-                    "it ends inside a member, or without its end-of-archive block".to_string()
-                }
-                _ => format!("cannot read it: {e}"),
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::UnexpectedEof => ReadError::Truncated,
+                _ => ReadError::Read { at, source },
             })
     }
 
     /// The next member; `None` at the end-of-archive block (its offset in [`Walker::end`]).
-    pub fn next_entry(&mut self) -> Result<Option<Entry>, String> {
+    pub fn next_entry(&mut self) -> Result<Option<Entry>, ReadError> {
         if self.end.is_some() {
             return Ok(None);
         }
@@ -99,23 +177,25 @@ impl<'a> Walker<'a> {
             self.read_at(at, &mut block)?;
             if block.iter().all(|b| *b == 0) {
                 if !metas.is_empty() {
-                    return Err("an extended header is followed by the end of the archive".into());
+                    return Err(ReadError::MetaAtEnd);
                 }
                 self.end = Some(at);
                 return Ok(None);
             }
             if !checksum_ok(&block) {
-                return Err(format!("the header at offset {at} has a wrong checksum"));
+                return Err(ReadError::Checksum { at });
             }
             let kind = block[156];
-            let header_size = number(&block[124..136])
-                .ok_or_else(|| format!("the header at offset {at} has a size that is no number"))?;
+            let header_size = number(&block[124..136]).ok_or(ReadError::HeaderSize { at })?;
             if matches!(kind, b'x' | b'g' | b'L' | b'K') {
                 if header_size > MAX_META {
-                    return Err(format!("the extended header at offset {at} is over 1 MiB"));
+                    return Err(ReadError::MetaOverLimit { at });
                 }
                 let mut data = vec![0u8; header_size as usize];
                 self.read_at(at + BLOCK, &mut data)?;
+                if kind == b'x' && pax_record_list(&data).is_none() {
+                    return Err(ReadError::Pax { at });
+                }
                 self.at = at + BLOCK + padded(header_size);
                 metas.push(Meta {
                     header: block,
@@ -124,11 +204,12 @@ impl<'a> Walker<'a> {
                 continue;
             }
             let mut pax = std::collections::HashMap::new();
-            let mut long_name = None;
+            let (mut long_name, mut long_link) = (None, None);
             for m in &metas {
                 match m.header[156] {
                     b'x' => pax.extend(pax_records(&m.data)),
                     b'L' => long_name = Some(c_string(&m.data)),
+                    b'K' => long_link = Some(c_string(&m.data)),
                     _ => {}
                 }
             }
@@ -138,14 +219,27 @@ impl<'a> Walker<'a> {
                 .or_else(|| pax.remove("path"))
                 .or(long_name)
                 .unwrap_or_else(|| ustar_name(&block));
+            let link = pax
+                .remove("linkpath")
+                .or(long_link)
+                .unwrap_or_else(|| c_string(&block[157..257]));
             let size = match pax.remove("size") {
-                Some(s) => s
-                    .parse()
-                    .map_err(|_| format!("the member {name:?} has a pax size that is no number"))?,
+                Some(s) => s.parse().map_err(|_| ReadError::PaxSize {
+                    member: name.clone(),
+                })?,
                 None => header_size,
             };
+            let mut apparent = pax
+                .remove("GNU.sparse.realsize")
+                .or_else(|| pax.remove("GNU.sparse.size"))
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(size);
             let mut data_at = at + BLOCK;
             if kind == b'S' {
+                // Old GNU sparse: the apparent size in the header, maybe more map blocks after it.
+                apparent = number(&block[483..495]).ok_or_else(|| ReadError::SparseSize {
+                    member: name.clone(),
+                })?;
                 let mut extended = block[482] != 0;
                 let mut ext = [0u8; 512];
                 while extended {
@@ -154,11 +248,17 @@ impl<'a> Walker<'a> {
                     extended = ext[504] != 0;
                 }
             }
-            let has_data = matches!(kind, b'0' | b'\0' | b'7' | b'S');
-            let size = if has_data { size } else { 0 };
-            let end = data_at
-                .checked_add(padded(size))
-                .ok_or_else(|| format!("the member {name:?} has an impossible size"))?;
+            let (size, apparent) = if has_data(kind) {
+                (size, apparent)
+            } else {
+                (0, 0)
+            };
+            let end = size
+                .checked_next_multiple_of(BLOCK)
+                .and_then(|padded| data_at.checked_add(padded))
+                .ok_or_else(|| ReadError::Size {
+                    member: name.clone(),
+                })?;
             self.at = end;
             let path = name
                 .strip_prefix("./")
@@ -170,9 +270,12 @@ impl<'a> Walker<'a> {
                 header_at: at,
                 data_at,
                 end,
+                name,
                 path,
+                link,
                 kind,
                 size,
+                apparent,
                 metas,
                 sparse,
             }));
@@ -646,15 +749,91 @@ mod tests {
         assert!(e.is_some());
         let mut w = Walker::new(&mut f, 0);
         w.next_entry().unwrap();
-        assert!(w.next_entry().unwrap_err().contains("end-of-archive"));
+        assert!(matches!(w.next_entry(), Err(ReadError::Truncated)));
         out[10] ^= 1;
         std::fs::write(&p, &out).unwrap();
         let mut f = File::open(&p).unwrap();
-        assert!(
-            Walker::new(&mut f, 0)
-                .next_entry()
-                .unwrap_err()
-                .contains("checksum")
-        );
+        assert!(matches!(
+            Walker::new(&mut f, 0).next_entry(),
+            Err(ReadError::Checksum { at: 0 })
+        ));
+    }
+
+    /// Links (long ones through pax or GNU `K` headers) and sparse members' apparent sizes (pax
+    /// or old GNU), as GNU tar writes them.
+    #[test]
+    fn links_and_sparse_sizes_are_read_as_gnu_tar_wrote_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let deep = format!("checkpoints/{}", "d".repeat(120));
+        std::fs::create_dir_all(src.join(&deep)).unwrap();
+        std::fs::write(src.join(&deep).join("f"), b"data").unwrap();
+        std::os::unix::fs::symlink(format!("{deep}/f"), src.join("checkpoints/s")).unwrap();
+        std::fs::hard_link(src.join(&deep).join("f"), src.join("checkpoints/h")).unwrap();
+        let holes = File::create(src.join("checkpoints/holes")).unwrap();
+        holes.set_len(1 << 20).unwrap();
+        (&holes).write_all(b"head").unwrap();
+        drop(holes);
+        for format in ["posix", "gnu"] {
+            let p = dir.path().join(format!("{format}.tar"));
+            let ok = Command::new("tar")
+                .arg(format!("--format={format}"))
+                .args(["--sparse", "--sort=name", "--create", "--file"])
+                .arg(&p)
+                .arg("--directory")
+                .arg(&src)
+                .arg("checkpoints")
+                .status()
+                .unwrap();
+            assert!(ok.success());
+            let entries = walk(&p);
+            let get = |path: &str| entries.iter().find(|e| e.path == path).unwrap();
+            assert_eq!(get("checkpoints/s").link, format!("{deep}/f"), "{format}");
+            assert_eq!(get("checkpoints/s").size, 0, "{format}");
+            let h = get("checkpoints/h");
+            assert_eq!((h.kind, &h.link[..]), (b'1', &format!("{deep}/f")[..]));
+            assert_eq!(h.apparent, 0, "{format}");
+            let holes = get("checkpoints/holes");
+            assert!(holes.sparse, "{format}");
+            assert_eq!(holes.apparent, 1 << 20, "{format}");
+            assert!(holes.size < 1 << 20, "{format}");
+            assert_eq!(get(&format!("{deep}/f")).apparent, 4, "{format}");
+            assert!(get(&deep).is_dir() && get(&deep).apparent == 0);
+        }
+    }
+
+    /// A pax header whose records do not parse is refused (rather than read without them), as
+    /// is one the archive ends after; the member's raw name is kept beside its path.
+    #[test]
+    fn a_malformed_pax_header_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.tar");
+        let long = format!("./checkpoints/{}/x", "n".repeat(200));
+        let mut out = Vec::new();
+        write_file(&mut out, &long, 1, &mut &b"x"[..]).unwrap();
+        write_end(&mut out).unwrap();
+        std::fs::write(&p, &out).unwrap();
+        let e = &walk(&p)[0];
+        assert_eq!((e.name.as_str(), e.path.as_str()), (&long[..], &long[2..]));
+        // The pax header's data starts at offset 512: break its first record's length.
+        out[512] = b'x';
+        std::fs::write(&p, &out).unwrap();
+        let mut f = File::open(&p).unwrap();
+        assert!(matches!(
+            Walker::new(&mut f, 0).next_entry(),
+            Err(ReadError::Pax { at: 0 })
+        ));
+        // Only the pax header, then the end.
+        let mut out = Vec::new();
+        let mut member = Vec::new();
+        write_file(&mut member, &long, 0, &mut &b""[..]).unwrap();
+        out.extend_from_slice(&member[..1024]);
+        write_end(&mut out).unwrap();
+        std::fs::write(&p, &out).unwrap();
+        let mut f = File::open(&p).unwrap();
+        assert!(matches!(
+            Walker::new(&mut f, 0).next_entry(),
+            Err(ReadError::MetaAtEnd)
+        ));
     }
 }
