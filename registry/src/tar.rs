@@ -759,6 +759,17 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn numbers_are_octal_or_base_256() {
+        assert_eq!(number(b"00000001750\0"), Some(1000));
+        let mut big = [0u8; 12];
+        big[0] = 0x80;
+        big[6] = 1;
+        assert_eq!(number(&big), Some(1 << 40));
+        big[0] = 0xff;
+        assert_eq!(number(&big), None);
+    }
+
     /// Links (long ones through pax or GNU `K` headers) and sparse members' apparent sizes (pax
     /// or old GNU), as GNU tar writes them.
     #[test]

@@ -1,14 +1,16 @@
 //! An import's chain archive, read before a byte of it is unpacked: its size, the bytes it
 //! unpacks to (a sparse member at its apparent size: it is hashed in full), its member count and
 //! the store's free space are bounded ([`ImportLimits`]); every member lies under `checkpoints/`,
-//! with no absolute name, no `..` and no member below a symlink an earlier one made.
+//! with no absolute name, no `..` and no member below a symlink an earlier one made. The
+//! headers are read with the registry crate's tar reader ([`belayer_registry::tar`]), the one
+//! reader of tar headers in the tree.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fs::File;
-use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 pub use belayer_api::settings::ImportLimits;
+use belayer_registry::tar::{ReadError, Walker};
 
 /// Why an archive is not imported.
 #[derive(Debug, thiserror::Error)]
@@ -59,12 +61,13 @@ pub enum ArchiveError {
         why: String,
     },
     /// Not a tar archive, or cut short.
-    #[error("{path} is not a whole tar archive: {why}")]
+    #[error("{path} is not a whole tar archive: {source}")]
     Malformed {
         /// The archive.
         path: PathBuf,
         /// What is wrong.
-        why: &'static str,
+        #[source]
+        source: ReadError,
     },
 }
 
@@ -78,9 +81,6 @@ pub struct Scanned {
     /// Bytes of data it holds (what lands on disk).
     pub stored: u64,
 }
-
-/// Largest pax or GNU long-name header read.
-const MAX_META: u64 = 1 << 20;
 
 /// Checks the chain archive `path` (with `beside` bytes of CRIU images beside it) against
 /// `limits` and the free space of the store at `store`, reading only its headers.
@@ -131,88 +131,31 @@ pub fn check(
 /// Reads the headers of the tar archive `path` (ustar, pax, GNU long names and sparse members),
 /// refusing a member no export holds and stopping at the first bound passed.
 pub fn scan(path: &Path, limits: &ImportLimits) -> Result<Scanned, ArchiveError> {
-    let malformed = |why| ArchiveError::Malformed {
+    let mut file = File::open(path).map_err(|source| ArchiveError::Read {
         path: path.into(),
-        why,
-    };
-    let read_err = |source: std::io::Error| match source.kind() {
-        std::io::ErrorKind::UnexpectedEof => malformed("it ends inside a member"),
-        _ => ArchiveError::Read {
+        source,
+    })?;
+    let walk_err = |e| match e {
+        ReadError::Read { source, .. } => ArchiveError::Read {
+            path: path.into(),
+            source,
+        },
+        source => ArchiveError::Malformed {
             path: path.into(),
             source,
         },
     };
-    let mut r = BufReader::new(File::open(path).map_err(read_err)?);
+    let mut walker = Walker::new(&mut file, 0);
     let mut out = Scanned::default();
-    let mut pax: HashMap<String, String> = HashMap::new();
-    let (mut long_name, mut long_link): (Option<String>, Option<String>) = (None, None);
     let mut symlinks: HashSet<String> = HashSet::new();
-    let mut block = [0u8; 512];
-    loop {
-        r.read_exact(&mut block).map_err(read_err)?;
-        if block.iter().all(|b| *b == 0) {
-            return Ok(out);
-        }
-        if !checksum_ok(&block) {
-            return Err(malformed("a header's checksum is wrong"));
-        }
-        let kind = block[156];
-        let header_size =
-            number(&block[124..136]).ok_or_else(|| malformed("a size is no number"))?;
-        match kind {
-            b'x' | b'g' | b'L' | b'K' => {
-                if header_size > MAX_META {
-                    return Err(malformed("an extended header is over 1 MiB"));
-                }
-                let mut data = vec![0u8; header_size as usize];
-                r.read_exact(&mut data).map_err(read_err)?;
-                skip(&mut r, pad(header_size)).map_err(read_err)?;
-                match kind {
-                    b'x' => pax.extend(pax_records(&data)),
-                    b'L' => long_name = Some(c_string(&data)),
-                    b'K' => long_link = Some(c_string(&data)),
-                    _ => {}
-                }
-                continue;
-            }
-            _ => {}
-        }
-        let name = pax
-            .remove("GNU.sparse.name")
-            .or_else(|| pax.remove("path"))
-            .or(long_name.take())
-            .unwrap_or_else(|| ustar_name(&block));
-        let link = pax
-            .remove("linkpath")
-            .or(long_link.take())
-            .unwrap_or_else(|| c_string(&block[157..257]));
-        let size = match pax.remove("size") {
-            Some(s) => s
-                .parse()
-                .map_err(|_| malformed("a pax size is no number"))?,
-            None => header_size,
-        };
-        let mut apparent = pax
-            .remove("GNU.sparse.realsize")
-            .or_else(|| pax.remove("GNU.sparse.size"))
-            .and_then(|s| s.parse::<u64>().ok())
-            .unwrap_or(size);
-        pax.clear();
-        if kind == b'S' {
-            // Old GNU sparse: the apparent size in the header, maybe more map blocks after it.
-            apparent = number(&block[483..495]).ok_or_else(|| malformed("a size is no number"))?;
-            let mut extended = block[482] != 0;
-            while extended {
-                r.read_exact(&mut block).map_err(read_err)?;
-                extended = block[504] != 0;
-            }
-        }
+    while let Some(entry) = walker.next_entry().map_err(walk_err)? {
+        let (name, link, kind) = (&entry.name, &entry.link, entry.kind);
         let bad = |why: String| ArchiveError::BadMember {
             path: path.into(),
             member: name.clone(),
             why,
         };
-        let member = confined(&name).map_err(|why| bad(why.into()))?;
+        let member = confined(name).map_err(|why| bad(why.into()))?;
         if let Some(s) = under_symlink(&member, &symlinks) {
             return Err(bad(format!(
                 "lies below the symlink {s:?} the archive made"
@@ -224,8 +167,8 @@ pub fn scan(path: &Path, limits: &ImportLimits) -> Result<Scanned, ArchiveError>
                 symlinks.insert(member.clone());
             }
             b'1' => {
-                let target = confined(&link)
-                    .map_err(|why| bad(format!("links to {link:?}, which {why}")))?;
+                let target =
+                    confined(link).map_err(|why| bad(format!("links to {link:?}, which {why}")))?;
                 if under_symlink(&target, &symlinks).is_some() {
                     return Err(bad(format!("links to {link:?}, below a symlink")));
                 }
@@ -237,9 +180,9 @@ pub fn scan(path: &Path, limits: &ImportLimits) -> Result<Scanned, ArchiveError>
                 )));
             }
         }
-        // Links, dirs, devices and fifos have no data, whatever their size field says.
-        let has_data = matches!(kind, b'0' | b'\0' | b'7' | b'S');
-        let (size, apparent) = if has_data { (size, apparent) } else { (0, 0) };
+        // Links, dirs, devices and fifos have no data, whatever their size field says: the
+        // reader gives them size 0.
+        let (size, apparent) = (entry.size, entry.apparent);
         out.members += 1;
         out.stored = out.stored.saturating_add(size);
         out.unpacked = out.unpacked.saturating_add(apparent.max(size));
@@ -263,10 +206,8 @@ pub fn scan(path: &Path, limits: &ImportLimits) -> Result<Scanned, ArchiveError>
                 setting: "max_unpacked_bytes",
             });
         }
-        if has_data {
-            skip(&mut r, size + pad(size)).map_err(read_err)?;
-        }
     }
+    Ok(out)
 }
 
 /// `name` without a trailing `/`, if it is a relative path under `checkpoints/` with no `..`.
@@ -301,98 +242,6 @@ fn under_symlink<'a>(member: &str, symlinks: &'a HashSet<String>) -> Option<&'a 
     None
 }
 
-/// Bytes of padding after `size` bytes of data.
-fn pad(size: u64) -> u64 {
-    (512 - size % 512) % 512
-}
-
-fn skip(r: &mut BufReader<File>, n: u64) -> std::io::Result<()> {
-    let copied = std::io::copy(&mut r.by_ref().take(n), &mut std::io::sink())?;
-    if copied < n {
-        return Err(std::io::ErrorKind::UnexpectedEof.into());
-    }
-    Ok(())
-}
-
-/// A tar number field: octal text, or base-256 when its top bit is set.
-fn number(field: &[u8]) -> Option<u64> {
-    if field[0] & 0x80 != 0 {
-        if field[0] & 0x40 != 0 {
-            return None;
-        }
-        return field[1..]
-            .iter()
-            .try_fold(u64::from(field[0] & 0x3f), |n, b| {
-                n.checked_mul(256)?.checked_add(u64::from(*b))
-            });
-    }
-    let text: String = field
-        .iter()
-        .map(|b| *b as char)
-        .skip_while(|c| *c == ' ' || *c == '\0')
-        .take_while(|c| c.is_digit(8))
-        .collect();
-    if text.is_empty() {
-        return Some(0);
-    }
-    u64::from_str_radix(&text, 8).ok()
-}
-
-fn checksum_ok(block: &[u8; 512]) -> bool {
-    let sum: u64 = block
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            if (148..156).contains(&i) {
-                32
-            } else {
-                u64::from(*b)
-            }
-        })
-        .sum();
-    number(&block[148..156]) == Some(sum)
-}
-
-fn c_string(b: &[u8]) -> String {
-    let end = b.iter().position(|c| *c == 0).unwrap_or(b.len());
-    String::from_utf8_lossy(&b[..end]).into_owned()
-}
-
-/// A ustar header's name: its prefix, a `/`, its name.
-fn ustar_name(block: &[u8; 512]) -> String {
-    let name = c_string(&block[..100]);
-    let prefix = if &block[257..262] == b"ustar" {
-        c_string(&block[345..500])
-    } else {
-        String::new()
-    };
-    if prefix.is_empty() {
-        name
-    } else {
-        format!("{prefix}/{name}")
-    }
-}
-
-/// The `key=value` records of a pax header (`<len> key=value\n` each).
-fn pax_records(mut data: &[u8]) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    while let Some(space) = data.iter().position(|b| *b == b' ') {
-        let Some(len) = std::str::from_utf8(&data[..space])
-            .ok()
-            .and_then(|l| l.parse::<usize>().ok())
-            .filter(|l| *l > space && *l <= data.len())
-        else {
-            break;
-        };
-        let record = String::from_utf8_lossy(&data[space + 1..len]);
-        if let Some((k, v)) = record.trim_end_matches('\n').split_once('=') {
-            out.push((k.to_string(), v.to_string()));
-        }
-        data = &data[len..];
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,16 +262,5 @@ mod tests {
         assert!(under_symlink("checkpoints/a/b/1/fs/x/etc/passwd", &links).is_some());
         assert!(under_symlink("checkpoints/a/b/1/fs/xy", &links).is_none());
         assert!(under_symlink("checkpoints/a/b/1/fs/x", &links).is_none());
-    }
-
-    #[test]
-    fn numbers_are_octal_or_base_256() {
-        assert_eq!(number(b"00000001750\0"), Some(1000));
-        let mut big = [0u8; 12];
-        big[0] = 0x80;
-        big[6] = 1;
-        assert_eq!(number(&big), Some(1 << 40));
-        big[0] = 0xff;
-        assert_eq!(number(&big), None);
     }
 }
