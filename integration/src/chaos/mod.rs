@@ -102,6 +102,9 @@ pub struct Journal {
     pub forks: Vec<String>,
     /// Store checks that found more checkpoints on disk than the retention bound: how many more.
     pub over_retention: Vec<usize>,
+    /// The first of those checks, each with what was on disk (checkpoint: its filesystem chain),
+    /// what the bound was made of and what was listed: what tells a cause.
+    pub over_retention_seen: Vec<String>,
     /// Each fault-free turn's exec, ms (the overhead figure's Belayer side).
     pub turn_ms: Vec<f64>,
 }

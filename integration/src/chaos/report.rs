@@ -38,6 +38,8 @@ pub struct Report {
     pub leaks: Vec<String>,
     /// Store checks over the retention bound, and by how many checkpoints at most.
     pub over_retention: (usize, usize),
+    /// The first of those checks in detail.
+    pub over_retention_seen: Vec<String>,
     pub load: (f64, f64),
     pub cpu: Option<(f64, f64)>,
     /// Each fault-free turn's exec under Belayer, ms.
@@ -108,6 +110,7 @@ impl Report {
                 journal.over_retention.len(),
                 journal.over_retention.iter().copied().max().unwrap_or(0),
             ),
+            over_retention_seen: journal.over_retention_seen,
             load: (load_before, load_after),
             cpu,
             turn_ms: journal.turn_ms,
@@ -165,7 +168,8 @@ impl Report {
             "recovery_ms": {"n": self.recovery_ms.len(), "p50": self.recovery(50.0), "p99": self.recovery(99.0)},
             "frozen_ms": {"n": self.frozen_ms.len(), "p50": percentile(&self.frozen_ms, 50.0),
                           "p99": percentile(&self.frozen_ms, 99.0)},
-            "over_retention": {"checks": self.over_retention.0, "max_excess": self.over_retention.1},
+            "over_retention": {"checks": self.over_retention.0, "max_excess": self.over_retention.1,
+                               "first": self.over_retention_seen},
             "violations": self.violations,
             "leaks": self.leaks,
             "loadavg_1m": {"start": self.load.0, "end": self.load.1},
@@ -254,6 +258,9 @@ impl Report {
             "store checks over the retention bound: {} (at most {} checkpoints over)",
             self.over_retention.0, self.over_retention.1
         );
+        for seen in &self.over_retention_seen {
+            println!("  {seen}");
+        }
         println!(
             "load average (1 min): {:.1} at start, {:.1} at end",
             self.load.0, self.load.1

@@ -404,11 +404,39 @@ impl Traj<'_, '_> {
                 .iter()
                 .any(|cp| e.starts_with(&format!("checkpoint {cp} of")))
         });
-        let on_disk = check::on_disk(self.c(), self.id()).len();
+        let disk = check::on_disk(self.c(), self.id());
+        let on_disk = disk.len();
         let bound = self.retention_bound();
         let id = self.s.id.clone();
         let strict = self.run.cfg.retention_is_violation;
+        let seen = (on_disk > bound).then(|| {
+            let chains: Vec<String> = disk
+                .iter()
+                .map(|cp| {
+                    let chain = check::manifest(self.c(), self.id(), cp)
+                        .ok()
+                        .map(|m| m["fs_chain"].to_string())
+                        .unwrap_or_else(|| "?".into());
+                    format!("{cp}:{chain}")
+                })
+                .collect();
+            let st = status(self.c(), self.id());
+            format!(
+                "{id}: {on_disk} on disk over {bound} (keep {}, position {}, corrupted {:?}); \
+                 on disk {}; listed {:?}",
+                self.run.cfg.keep,
+                st["position"]["checkpoint"],
+                self.corrupted,
+                chains.join(" "),
+                still,
+            )
+        });
         self.run.record(|j| {
+            if let Some(seen) = seen
+                && j.over_retention_seen.len() < MAX_OVER_RETENTION_SEEN
+            {
+                j.over_retention_seen.push(seen);
+            }
             for e in bad {
                 j.violations
                     .push(format!("listed checkpoint does not verify: {e}"));
@@ -436,6 +464,9 @@ impl Traj<'_, '_> {
         self.run.cfg.keep as usize + chain + 1 + self.corrupted.len()
     }
 }
+
+/// Store checks over the retention bound whose detail a run keeps.
+const MAX_OVER_RETENTION_SEEN: usize = 12;
 
 /// The turn a journal entry ran (`: chaos-turn=K;`), if it is one.
 fn turn_of(e: &serde_json::Value) -> Option<u64> {
