@@ -152,33 +152,9 @@ fn automatic_checkpoints_skip_a_task_held_in_vfork() {
 fn retention_keeps_a_checkpoint_a_running_fork_stacks_on() {
     let _machine = machine_shared();
     let c = Containerd::start(Flavor::V2);
-    let s = Sandbox::start_annotated(
-        &c,
-        BELAYER,
-        "kept",
-        &["io.belayer.checkpoint=auto", "io.belayer.keep=1"],
-    );
-    let checkpoints = || -> Vec<String> {
-        c.belayer(&["checkpoints", "kept"])
-            .stdout
-            .lines()
-            .map(str::to_string)
-            .collect()
-    };
-    // One turn: an action, then the model "thinks" while the scheduler checkpoints; returns once
-    // a checkpoint newer than `after` is listed.
-    let turn = |n: usize, after: Option<&String>| -> Vec<String> {
-        let out = s.exec(&format!("echo {n} > /turn{n}"), None);
-        assert_eq!(out.code, 0, "turn {n}: {out:?}");
-        c.belayer(&["hint", "kept", "llm-start", "--expected-ms", "2000"])
-            .ok();
-        let newer = |l: &[String]| l.last().is_some_and(|x| Some(x) != after);
-        assert!(
-            wait_until(Duration::from_secs(20), || newer(&checkpoints())),
-            "turn {n}: no automatic checkpoint"
-        );
-        checkpoints()
-    };
+    let s = keeping_one(&c, "kept");
+    let checkpoints = || listed(&c, "kept");
+    let turn = |n: usize, after: Option<&String>| checkpointed_turn(&c, &s, n, after);
     let first = turn(1, None).last().cloned().expect("a checkpoint");
     let out = c.belayer(&["fork", "kept", "--checkpoint", &first, "--count", "1"]);
     assert_eq!(out.code, 0, "fork: {out:?}");
@@ -239,6 +215,90 @@ fn retention_keeps_a_checkpoint_a_running_fork_stacks_on() {
     }
     println!("the removed fork's checkpoints: {fork_cps:?}");
     remove(&c, "kept");
+}
+
+/// A checkpoint the running rootfs stacks on stays whatever `io.belayer.keep` says; once a
+/// restore mounts another chain, it goes at once, not only after the next automatic checkpoint
+/// (the chaos soak found chains of 11 outliving restores until then: seed 2, init-kill-restore).
+#[test]
+fn a_restore_lets_retention_drop_the_chain_the_old_rootfs_stacked_on() {
+    let _machine = machine_shared();
+    let c = Containerd::start(Flavor::V2);
+    let s = keeping_one(&c, "unpinned");
+    let checkpoints = || listed(&c, "unpinned");
+    let turn = |n: usize, after: Option<&String>| {
+        let listed = checkpointed_turn(&c, &s, n, after);
+        listed.last().cloned().expect("a checkpoint")
+    };
+    let first = turn(1, None);
+    let out = c.belayer(&["restore", "unpinned", "--checkpoint", &first]);
+    assert_eq!(out.code, 0, "restore from {first}: {out:?}");
+    // Two more turns: keep=1 would drop {first}, but the rootfs stacks on it.
+    let mut newest = first.clone();
+    for n in 2..=3 {
+        newest = turn(n, Some(&newest));
+    }
+    assert!(
+        checkpoints().contains(&first),
+        "retention removed checkpoint {first}, which the mounted rootfs stacks on: {:?}",
+        checkpoints()
+    );
+    // Mounted on {newest}'s chain now: {first} is nobody's lower dir any more.
+    let out = c.belayer(&["restore", "unpinned", "--checkpoint", &newest]);
+    assert_eq!(out.code, 0, "restore from {newest}: {out:?}");
+    assert!(
+        wait_until(Duration::from_secs(10), || !checkpoints().contains(&first)),
+        "checkpoint {first} outlived the restore that unmounted it: {:?}; shim log:\n{}",
+        checkpoints(),
+        c.log_lines("unpinned", 30)
+    );
+    // Without a checkpoint after the restore (else the old path, retention after a checkpoint,
+    // would have removed it).
+    assert_eq!(
+        checkpoints().last(),
+        Some(&newest),
+        "an automatic checkpoint came after the restore: this test shows nothing"
+    );
+    assert_eq!(
+        s.exec("cat /turn3", None).stdout,
+        "3\n",
+        "the restore lost a file"
+    );
+    remove(&c, "unpinned");
+}
+
+/// A sandbox in automatic mode whose retention keeps one checkpoint (`io.belayer.keep=1`).
+fn keeping_one<'a>(c: &'a Containerd, id: &str) -> Sandbox<'a> {
+    Sandbox::start_annotated(
+        c,
+        BELAYER,
+        id,
+        &["io.belayer.checkpoint=auto", "io.belayer.keep=1"],
+    )
+}
+
+/// The checkpoints `belayer checkpoints` lists for `id`, oldest first.
+fn listed(c: &Containerd, id: &str) -> Vec<String> {
+    c.belayer(&["checkpoints", id])
+        .stdout
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Turn `n` of an automatic-mode sandbox: an action, then the model "thinks" while the scheduler
+/// checkpoints; returns the listed checkpoints once one newer than `after` is.
+fn checkpointed_turn(c: &Containerd, s: &Sandbox, n: usize, after: Option<&String>) -> Vec<String> {
+    let out = s.exec(&format!("echo {n} > /turn{n}"), None);
+    assert_eq!(out.code, 0, "turn {n}: {out:?}");
+    c.belayer(&["hint", &s.id, "llm-start", "--expected-ms", "2000"])
+        .ok();
+    let newer = |l: &[String]| l.last().is_some_and(|x| Some(x) != after);
+    assert!(
+        wait_until(Duration::from_secs(20), || newer(&listed(c, &s.id))),
+        "turn {n}: no automatic checkpoint"
+    );
+    listed(c, &s.id)
 }
 
 /// Whether CRIU is writing the images of a checkpoint of `id` not yet listed.

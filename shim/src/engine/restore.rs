@@ -277,6 +277,7 @@ impl Engine {
         if let Some(rootfs) = c.mounted_rootfs.take() {
             crate::rootfs::unmount_detached(&rootfs);
         }
+        let released = c.mount_chain.clone();
         let (pid_file, mount_ms) = self.mount_from(&mut c, &cp, lease)?;
         let t_mounted = started.elapsed();
         let restore_at = Instant::now();
@@ -307,6 +308,17 @@ impl Engine {
             "container {id} restored from checkpoint {} in {} ms",
             cp.manifest.seq, info.total_ms
         );
+        // The old rootfs stacked on checkpoints that retention had to keep: with it unmounted
+        // they may go now rather than after the next automatic checkpoint (the chaos soak saw
+        // a chain of 11 outlive a restore until then).
+        if c.policy.auto && released.iter().any(|s| !c.mount_chain.contains(s)) {
+            let (engine, id) = (Arc::clone(self), id.to_string());
+            tokio::spawn(async move {
+                if let Err(e) = engine.retain(&id).await {
+                    log::warn!("container {id}: retention after a restore: {}", e.message());
+                }
+            });
+        }
         Ok(info)
     }
 
