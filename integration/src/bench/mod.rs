@@ -8,6 +8,8 @@
 //! - `gateway`: the latency `belayer gateway` adds to a request;
 //! - `rollout`: an end-to-end rollout with injected failures, with and without Belayer;
 //! - `worker`: the rollout worker's recovery (shadow takeover + KV rebuild vs a cold start);
+//! - `vllm`: an unchanged vLLM losing its worker (shadow takeover through the broker vs a cold
+//!   restart);
 //! - `sched`: the checkpoint-scheduling simulator;
 //! - `chaos`, `zdtm`: the fault-injection soak and CRIU's ZDTM suite through Belayer.
 
@@ -21,11 +23,13 @@ pub mod gateway;
 pub mod openai;
 pub mod plot;
 pub mod podman;
+pub mod procs;
 pub mod record;
 pub mod report;
 pub mod rollout;
 pub mod sched;
 pub mod stats;
+pub mod vllm;
 pub mod worker;
 pub mod zdtm;
 

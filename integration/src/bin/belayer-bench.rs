@@ -1,15 +1,12 @@
 //! `belayer-bench SUITE [ARGS…]`: Belayer's benchmarks (`belayer_integration::bench`). Each
 //! suite prints its table, writes results.json (and table.md, plot.svg) to `--out`, and prints
-//! one JSON object as its last line. A suite not built in here runs as `belayer-bench-SUITE`,
-//! found beside this binary or on PATH, git-style.
+//! one JSON object as its last line.
 
-use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
+use belayer_api::report::chain;
 use belayer_integration::bench::{
-    auto, chaos, env, gateway, rollout, run_main, sched, worker, zdtm,
+    auto, chaos, env, gateway, rollout, run_main, sched, vllm, worker, zdtm,
 };
 use clap::{Parser, Subcommand};
 
@@ -32,41 +29,14 @@ enum Suite {
     Rollout(rollout::args::Args),
     /// Rollout worker: cold start + re-prefill vs shadow takeover + KV rebuild
     Worker(worker::Args),
+    /// Unchanged vLLM losing its worker: shadow takeover through the broker vs a cold restart
+    Vllm(vllm::Args),
     /// Checkpoint-scheduling simulator: policy vs every-k, never
     Sched(sched::args::Args),
     /// Seeded fault-injection soak: faults survived, trajectories lost, recovery (root)
     Chaos(chaos::Args),
     /// CRIU's ZDTM static suite: restore, fork, auto recovery vs containerd's (root)
     Zdtm(zdtm::Args),
-    /// A suite installed as its own binary, belayer-bench-SUITE
-    #[command(external_subcommand)]
-    External(Vec<OsString>),
-}
-
-fn find(name: &str) -> Option<PathBuf> {
-    let beside = std::env::current_exe().ok()?.with_file_name(name);
-    if beside.is_file() {
-        return Some(beside);
-    }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(name))
-            .find(|p| p.is_file())
-    })
-}
-
-fn external(args: Vec<OsString>) -> ExitCode {
-    let suite = args[0].to_string_lossy().into_owned();
-    let name = format!("belayer-bench-{suite}");
-    let Some(bin) = find(&name) else {
-        eprintln!(
-            "belayer-bench: unknown suite {suite:?}: neither built in nor {name} beside this binary or on PATH (see --help)"
-        );
-        return ExitCode::from(2);
-    };
-    let err = Command::new(&bin).args(&args[1..]).exec();
-    eprintln!("belayer-bench: cannot run {}: {err}", bin.display());
-    ExitCode::from(2)
 }
 
 fn main() -> ExitCode {
@@ -76,9 +46,9 @@ fn main() -> ExitCode {
         Suite::Gateway(a) => run_main("gateway", true, || gateway::run(&a)),
         Suite::Rollout(a) => run_main("rollout", true, || rollout::suite::main(&a)),
         Suite::Worker(a) => run_main("worker", false, || worker::run(&a)),
+        Suite::Vllm(a) => run_main("vllm", false, || vllm::run(&a).map_err(|e| chain(&e))),
         Suite::Sched(a) => run_main("sched", false, || sched::run(&a)),
         Suite::Chaos(a) => run_main("chaos", true, || chaos::run(&a)),
         Suite::Zdtm(a) => run_main("zdtm", true, || zdtm::run(&a)),
-        Suite::External(args) => external(args),
     }
 }

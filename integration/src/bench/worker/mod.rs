@@ -6,7 +6,6 @@
 //! alone, the weight checksum (integrity work only Belayer's cold load does), the rebuild cost
 //! curve, and that the shadow's tokens equal an unkilled run's.
 
-pub mod procs;
 pub mod report;
 
 use std::collections::BTreeMap;
@@ -17,10 +16,10 @@ use anyhow::{Context, Result, ensure};
 use gpu_broker::client::Client;
 use gpu_broker::wire::Role;
 use gpu_broker::worker::jobs::Results;
-use procs::{Proc, broker, find_bin};
 use report::{Rebuild, Recovery, Report};
 
 use crate::bench::Common;
+use crate::bench::procs::{Proc, broker, find_bin};
 use crate::bench::record::Record;
 use crate::bench::stats::Samples;
 

@@ -1,4 +1,5 @@
-//! Child processes for the benchmark: broker and workers, with their stdout events collected.
+//! Child processes the suites start (`worker`, `vllm`): binaries found beside `belayer-bench`
+//! or on PATH, a child killed on drop with its stdout events collected, and the GPU broker.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -10,11 +11,18 @@ use anyhow::{Context, Result, bail};
 use gpu_broker::client::Client;
 use gpu_broker::wire::Role;
 
+/// A binary a suite runs is neither beside `belayer-bench` nor on PATH.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} is neither beside this binary nor on PATH")]
+pub struct MissingBin(pub String);
+
 /// Finds a sibling binary (installed beside this one) or one on PATH.
-pub fn find_bin(name: &str) -> Result<PathBuf> {
-    let beside = std::env::current_exe()?.with_file_name(name);
-    if beside.is_file() {
-        return Ok(beside);
+pub fn find_bin(name: &str) -> Result<PathBuf, MissingBin> {
+    let beside = std::env::current_exe().map(|e| e.with_file_name(name));
+    if let Ok(p) = beside
+        && p.is_file()
+    {
+        return Ok(p);
     }
     std::env::var_os("PATH")
         .and_then(|p| {
@@ -22,7 +30,7 @@ pub fn find_bin(name: &str) -> Result<PathBuf> {
                 .map(|d| d.join(name))
                 .find(|p| p.is_file())
         })
-        .with_context(|| format!("{name} is neither beside this binary nor on PATH"))
+        .ok_or_else(|| MissingBin(name.to_string()))
 }
 
 /// A child killed on drop.
@@ -125,7 +133,8 @@ impl Drop for Proc {
     }
 }
 
-/// Starts a broker on `dir/broker.sock`.
+/// Starts a broker on `dir/broker.sock` (`extra`: more of its flags) and waits until it
+/// answers; its stderr goes to `dir/broker-TAG.err`.
 pub fn broker(bin: &Path, dir: &Path, tag: &str, extra: &[&str]) -> Result<Proc> {
     let sock = dir.join("broker.sock");
     let mut args = vec!["--socket".to_string(), sock.display().to_string()];
