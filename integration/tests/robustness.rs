@@ -4,9 +4,9 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
+use belayer_api::settings::runc_root;
 use belayer_integration::{Containerd, Flavor, leaks};
 use common::*;
 
@@ -23,7 +23,7 @@ fn assert_nothing_left(c: &Containerd, id: &str) {
     let mounts = leaks::mounts_under(&c.dir);
     assert!(mounts.is_empty(), "mounts left: {mounts:?}");
     assert!(
-        !PathBuf::from(format!("/run/belayer/runc/{}/{id}", c.ns)).exists(),
+        !runc_root(&c.ns).join(id).exists(),
         "runc state of {id} left"
     );
 }
@@ -195,11 +195,11 @@ fn hundred_create_delete_cycles_leak_nothing() {
     assert!(mounts.is_empty(), "mounts left: {mounts:?}");
     let cgroups = leaks::cgroups_of_namespace(&c.ns);
     assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
-    let runc_state: Vec<_> = std::fs::read_dir(format!("/run/belayer/runc/{}", c.ns))
+    let runc_state: Vec<_> = std::fs::read_dir(runc_root(&c.ns))
         .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
         .unwrap_or_default();
     assert!(runc_state.is_empty(), "runc state left: {runc_state:?}");
-    let stray = leaks::pids_mentioning(&format!("/run/belayer/runc/{}", c.ns));
+    let stray = leaks::pids_mentioning(&runc_root(&c.ns).display().to_string());
     assert!(stray.is_empty(), "runc processes left: {stray:?}");
     // containerd may grow a few pooled connections; a leak per cycle would show as 100+.
     let fds_after = leaks::fd_count(c.pid());

@@ -18,6 +18,8 @@ use crate::error::{Error, Result};
 use crate::reaper;
 
 pub use crate::stdio::ProcessStdio;
+/// runc's state directory for a containerd namespace (shared with the tests' leak checks).
+pub use belayer_api::settings::runc_root;
 
 /// What an invocation does with its standard streams.
 enum Streams {
@@ -32,11 +34,6 @@ pub struct StartOpts<'a> {
     pub pid_file: &'a Path,
     pub console_socket: Option<&'a Path>,
     pub stdio: ProcessStdio,
-}
-
-/// runc's state directory for a containerd namespace.
-pub fn runc_root(namespace: &str) -> PathBuf {
-    PathBuf::from("/run/belayer/runc").join(namespace)
 }
 
 /// A runc binary with the global options every call shares.

@@ -6,6 +6,9 @@
 
 use std::time::Duration;
 
+use serde_json::json;
+
+use crate::bench::record::Record;
 use crate::chaos::{self, Config, Kind};
 use crate::{Containerd, Flavor};
 
@@ -44,6 +47,8 @@ pub struct Args {
     /// containerd, and print the overhead as a ratio
     #[arg(long)]
     pub baseline: bool,
+    #[command(flatten)]
+    pub common: super::Common,
 }
 
 fn kind(s: &str) -> Result<Kind, String> {
@@ -102,6 +107,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
         );
     }
     eprintln!("chaos: seed {} — reproduce with: {}", cfg.seed, cfg.command);
+    let rec = Record::start("chaos", &args.common.out("chaos"))?;
     // Dropped after the containerd (declared first): unmounted once nothing uses it.
     let disk = args.store_mb.map(StoreDisk::mount).transpose()?;
     cfg.store_fs = disk.as_ref().map(|d| d.root.clone());
@@ -111,7 +117,18 @@ pub fn run(args: &Args) -> Result<bool, String> {
     if args.events {
         report.print_events();
     }
-    report.print();
+    let results = report.json();
+    let mut summary = results.clone();
+    // The detail stays in results.json; the last line keeps the figures.
+    if let Some(o) = summary.as_object_mut() {
+        o.remove("violations");
+        o.remove("leaks");
+        o.remove("over_retention");
+    }
+    summary["violations"] = json!(report.violations.len());
+    summary["leaks"] = json!(report.leaks.len());
+    summary["over_retention_checks"] = json!(report.over_retention.0);
+    rec.report(&report.table(), results, Some(report.plot()), summary)?;
     Ok(report.passed())
 }
 

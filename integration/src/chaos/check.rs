@@ -165,7 +165,7 @@ pub fn store_mounts(c: &Containerd) -> Vec<String> {
 
 /// What is left once every container of the namespace is gone: store mounts, rootfs mounts
 /// under containerd's dir, shims, CRIU processes of this store, container cgroups, staging
-/// dirs, task work dirs of `ids`. Empty when nothing leaked.
+/// dirs, runc state, task work dirs of `ids`. Empty when nothing leaked.
 pub fn leaks(c: &Containerd, ids: &[String]) -> Vec<String> {
     let mut left = Vec::new();
     for m in store_mounts(c) {
@@ -192,10 +192,73 @@ pub fn leaks(c: &Containerd, ids: &[String]) -> Vec<String> {
     for d in staging_dirs(c) {
         left.push(format!("staging dir {d}"));
     }
+    // runc's state of a container outlives it when its delete never ran (or failed).
+    let runc_root = belayer_api::settings::runc_root(&c.ns);
+    for e in std::fs::read_dir(&runc_root)
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        left.push(format!("runc state {}", e.path().display()));
+    }
     for id in ids {
         if c.task_work_dir(id).exists() {
             left.push(format!("task work dir of {id}"));
         }
     }
     left
+}
+
+/// The pid of the shim serving container `id` in `c`'s namespace, if exactly one does.
+pub fn shim_of(c: &Containerd, id: &str) -> Option<u32> {
+    let of_id = crate::leaks::pids_with_args(&["-id", id]);
+    match c
+        .ns_shims_of(&c.ns)
+        .into_iter()
+        .filter(|p| of_id.contains(p))
+        .collect::<Vec<_>>()[..]
+    {
+        [pid] => Some(pid),
+        _ => None,
+    }
+}
+
+/// The fewest open fds `pid` had over a few samples 200 ms apart: a checkpoint or exec in
+/// flight holds pipes for a moment; a leak stays.
+pub fn settled_fd_count(pid: u32) -> usize {
+    (0..5)
+        .map(|i| {
+            if i > 0 {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            crate::leaks::fd_count(pid)
+        })
+        .min()
+        .unwrap_or(0)
+}
+
+/// What `pid`'s open fds point at, counted by kind (`pipe`, `socket`, an anon inode's name, or
+/// the path): a leak's description, readable after the process is gone.
+pub fn fd_kinds(pid: u32) -> String {
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let target = std::fs::read_link(e.path())
+            .map(|t| t.display().to_string())
+            .unwrap_or_else(|_| "?".into());
+        let kind = match target.split_once(":[") {
+            Some((k, _)) if k == "pipe" || k == "socket" => k.to_string(),
+            Some(_) => target,
+            None => target,
+        };
+        *kinds.entry(kind).or_default() += 1;
+    }
+    kinds
+        .iter()
+        .map(|(k, n)| format!("{n}× {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

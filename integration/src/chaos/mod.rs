@@ -107,7 +107,16 @@ pub struct Journal {
     pub over_retention_seen: Vec<String>,
     /// Each fault-free turn's exec, ms (the overhead figure's Belayer side).
     pub turn_ms: Vec<f64>,
+    /// Sandbox → (its shim's pid, that shim's open fds once the set-up was checkpointed, or
+    /// once a new shim was first seen): what [`trajectory::final_check`] compares with.
+    pub shim_fds: std::collections::BTreeMap<String, (u32, usize)>,
+    /// Shims holding more fds at the end than at their start (beyond [`FD_SLACK`]).
+    pub fd_leaks: Vec<String>,
 }
+
+/// Open fds a shim may gain over a run without counting as a leak (its event and control
+/// connections come and go); one leaked per checkpoint or exec passes it within a minute.
+pub const FD_SLACK: usize = 16;
 
 /// The shared state of a run.
 pub struct Run<'a> {
@@ -192,6 +201,7 @@ pub fn run(c: &Containerd, cfg: &Config) -> Report {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+    leaks.extend(run.journal.lock().unwrap().fd_leaks.clone());
     let wall = run.start.elapsed();
     let load_after = loadavg();
     let cpu = crate::machine_cpu_since(cpu_before);

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use std::fmt::Write;
+
 use serde_json::json;
 
 use super::trajectory::Outcome as Trajectory;
@@ -212,63 +214,80 @@ impl Report {
 
     /// The table, the failures with how to reproduce them, and the JSON line last.
     pub fn print(&self) {
-        println!(
+        println!("{}", self.table());
+        println!("{}", self.json());
+    }
+
+    /// The table: faults per kind, trajectories, latencies, the retention checks, the load, the
+    /// overhead against runc-v2 when measured, then every loss, violation and leak, and how to
+    /// reproduce the run when it failed.
+    pub fn table(&self) -> String {
+        let mut t = String::new();
+        let _ = writeln!(
+            t,
             "chaos: {} sandboxes, {:.0} s, seed {} — reproduce: {}",
             self.sandboxes,
             self.wall.as_secs_f64(),
             self.seed,
             self.command
         );
-        println!(
-            "{:<22} {:>8} {:>8} {:>8} {:>6} {:>6}",
-            "fault", "injected", "survived", "violated", "lost", "missed"
+        let _ = writeln!(
+            t,
+            "\n| fault | injected | survived | violated | lost | missed |\n|---|---:|---:|---:|---:|---:|"
         );
-        for (k, t) in &self.per_kind {
-            println!(
-                "{:<22} {:>8} {:>8} {:>8} {:>6} {:>6}",
+        for (k, n) in &self.per_kind {
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {} | {} | {} |",
                 k.name(),
-                t.injected(),
-                t.survived,
-                t.violated,
-                t.lost,
-                t.missed
+                n.injected(),
+                n.survived,
+                n.violated,
+                n.lost,
+                n.missed
             );
         }
         let fmt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
-        println!(
-            "trajectories: {} completed, {} lost; {} turns executed, {} rewinds checked",
+        let _ = writeln!(
+            t,
+            "\ntrajectories: {} completed, {} lost; {} turns executed, {} rewinds checked",
             self.trajectories.len() - self.lost().len(),
             self.lost().len(),
             self.trajectories.iter().map(|t| t.executed).sum::<u64>(),
             self.trajectories.iter().map(|t| t.rewinds).sum::<u64>()
         );
-        println!(
+        let _ = writeln!(
+            t,
             "recovery (kill → next action works): p50 {} ms, p99 {} ms (n={})",
             fmt(self.recovery(50.0)),
             fmt(self.recovery(99.0)),
             self.recovery_ms.len()
         );
-        println!(
+        let _ = writeln!(
+            t,
             "checkpoint frozen time: p50 {} ms, p99 {} ms (n={} checkpoints seen)",
             fmt(percentile(&self.frozen_ms, 50.0)),
             fmt(percentile(&self.frozen_ms, 99.0)),
             self.frozen_ms.len()
         );
-        println!(
+        let _ = writeln!(
+            t,
             "store checks over the retention bound: {} (at most {} checkpoints over)",
             self.over_retention.0, self.over_retention.1
         );
         for seen in &self.over_retention_seen {
-            println!("  {seen}");
+            let _ = writeln!(t, "  {seen}");
         }
-        println!(
+        let _ = writeln!(
+            t,
             "load average (1 min): {:.1} at start, {:.1} at end",
             self.load.0, self.load.1
         );
         if let Some(b) = &self.baseline {
             let o = self.overhead();
             let f = |v: &serde_json::Value| v.as_f64().map_or("-".into(), |v| format!("{v:.2}"));
-            println!(
+            let _ = writeln!(
+                t,
                 "overhead: a fault-free turn's exec p50 {} ms / p99 {} ms under Belayer with {} \
                  faults (io.containerd.belayer.v1, automatic checkpoints and recovery) vs p50 {} \
                  ms / p99 {} ms under runc-v2 without faults: ×{} / ×{}; turns per \
@@ -287,24 +306,74 @@ impl Report {
                 b.failed
             );
         }
-        for t in self.lost() {
-            println!(
+        for l in self.lost() {
+            let _ = writeln!(
+                t,
                 "LOST {} at turn {}: {}",
-                t.id,
-                t.turns,
-                t.lost.as_deref().unwrap_or_default()
+                l.id,
+                l.turns,
+                l.lost.as_deref().unwrap_or_default()
             );
         }
         for v in &self.violations {
-            println!("VIOLATION {v}");
+            let _ = writeln!(t, "VIOLATION {v}");
         }
         for l in &self.leaks {
-            println!("LEAK {l}");
+            let _ = writeln!(t, "LEAK {l}");
         }
         if !self.passed() {
-            println!("reproduce: {}", self.command);
+            let _ = writeln!(t, "reproduce: {}", self.command);
         }
-        println!("{}", self.json());
+        t
+    }
+
+    /// The plot: recovery latency and checkpoint frozen time under the faults (every sample a
+    /// dot), and with a baseline a fault-free turn's exec on both sides.
+    pub fn plot(&self) -> String {
+        use crate::bench::plot::{Bar, COLOURS, bars};
+        let row = |label: String, samples: Vec<f64>, colour: &'static str| Bar {
+            value: percentile(&samples, 50.0).unwrap_or(0.0),
+            label,
+            samples,
+            colour,
+        };
+        let mut rows = vec![
+            row(
+                format!(
+                    "recovery, kill → next action works (n={})",
+                    self.recovery_ms.len()
+                ),
+                self.recovery_ms.iter().map(|v| *v as f64).collect(),
+                COLOURS[3],
+            ),
+            row(
+                format!("checkpoint frozen time (n={})", self.frozen_ms.len()),
+                self.frozen_ms.clone(),
+                COLOURS[0],
+            ),
+        ];
+        if let Some(b) = &self.baseline {
+            rows.push(row(
+                format!("turn exec, Belayer with {} faults", self.injected()),
+                self.turn_ms.clone(),
+                COLOURS[1],
+            ));
+            rows.push(row(
+                "turn exec, runc-v2 without faults".into(),
+                b.turn_ms.clone(),
+                COLOURS[2],
+            ));
+        }
+        bars(
+            &format!(
+                "chaos: {} sandboxes, {} faults, seed {}",
+                self.sandboxes,
+                self.injected(),
+                self.seed
+            ),
+            "ms",
+            &rows,
+        )
     }
 
     /// Every event, one a line (for a post-mortem).

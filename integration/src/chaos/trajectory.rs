@@ -135,6 +135,7 @@ impl Traj<'_, '_> {
                 base.stderr.trim()
             ));
         }
+        self.watch_shim_fds();
         let deadline = self.run.start + self.run.cfg.duration;
         let mut quiet = 0;
         while Instant::now() < deadline {
@@ -373,9 +374,32 @@ impl Traj<'_, '_> {
         self.processes_intact()
     }
 
+    /// Takes the open-fd count of the sandbox's shim as the start [`final_check`] compares
+    /// with, when that shim is new to the run (the first, or one started after a `shim-kill`).
+    fn watch_shim_fds(&self) {
+        let Some(pid) = check::shim_of(self.c(), self.id()) else {
+            return;
+        };
+        let known = self
+            .run
+            .journal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .shim_fds
+            .get(self.id())
+            .is_some_and(|(p, _)| *p == pid);
+        if !known {
+            let fds = check::settled_fd_count(pid);
+            self.run.record(|j| {
+                j.shim_fds.insert(self.s.id.clone(), (pid, fds));
+            });
+        }
+    }
+
     /// Every listed checkpoint verifies (but those corrupted on purpose); their frozen times are
     /// recorded; the store holds no more than the retention bound.
     fn check_store(&mut self) {
+        self.watch_shim_fds();
         let listed = check::listed(self.c(), self.id());
         let mut bad = Vec::new();
         for cp in &listed {
@@ -529,6 +553,28 @@ pub fn final_check(run: &Run, id: &str) {
         }
     }
     run.record(|j| j.violations.extend(problems));
+    let start = run
+        .journal
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .shim_fds
+        .get(id)
+        .copied();
+    if let Some((pid, fds)) = start
+        && check::shim_of(run.c, id) == Some(pid)
+    {
+        let now = check::settled_fd_count(pid);
+        if now > fds + super::FD_SLACK {
+            let checkpoints = check::listed(run.c, id).last().cloned().unwrap_or_default();
+            run.record(|j| {
+                j.fd_leaks.push(format!(
+                    "shim {pid} of {id}: {now} open fds at the end against {fds} at its start \
+                     (newest checkpoint {checkpoints}): {}",
+                    check::fd_kinds(pid)
+                ))
+            });
+        }
+    }
 }
 
 fn status(c: &Containerd, id: &str) -> serde_json::Value {
