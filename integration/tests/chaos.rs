@@ -38,7 +38,7 @@ fn a_seeded_soak_loses_nothing_and_leaks_nothing() {
     );
     println!("chaos: seed {seed}; reproduce: {}", cfg.command);
     let c = Containerd::start(Flavor::V2);
-    let report = chaos::run(&c, &cfg);
+    let report = chaos::run(&c, &cfg).unwrap_or_else(|e| panic!("{:#}", anyhow::Error::new(e)));
     report.print_events();
     report.print();
     assert!(

@@ -27,7 +27,8 @@ pub struct Args {
     /// Fault kinds drawn, comma-separated [default: all: init-kill-gap, init-kill-action,
     /// init-kill-checkpoint, criu-kill-dump, race-checkpoint, race-restore, race-fork, race-rm,
     /// corrupt-newest, shim-kill, criu-kill-restore, init-kill-restore, lazy-pages-kill,
-    /// containerd-restart, disk-full (with --store-mb)]
+    /// containerd-restart, disk-full (with --store-mb), worker-kill (needs the reference model
+    /// and the workspace's belayer-gpu-broker and belayer-worker)]
     #[arg(long, value_delimiter = ',', value_parser = kind)]
     pub kinds: Vec<Kind>,
     /// Probability that a turn carries a fault
@@ -113,7 +114,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     cfg.store_fs = disk.as_ref().map(|d| d.root.clone());
     let c = Containerd::start_with_store(Flavor::V2, disk.as_ref().map(|d| d.root.join("store")));
     cfg.baseline = args.baseline;
-    let report = chaos::run(&c, &cfg);
+    let report = chaos::run(&c, &cfg).map_err(|e| format!("{:#}", anyhow::Error::new(e)))?;
     if args.events {
         report.print_events();
     }

@@ -41,10 +41,13 @@ pub enum Kind {
     ContainerdRestart,
     /// The store's (private, size-limited) filesystem filled, a checkpoint asked for, then freed.
     DiskFull,
+    /// The reference rollout worker (the primary `belayer-worker` serving through the GPU
+    /// broker, beside the sandboxes) SIGKILLed mid-generation.
+    WorkerKill,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 15] = [
+    pub const ALL: [Kind; 16] = [
         Kind::InitKillGap,
         Kind::InitKillAction,
         Kind::InitKillCheckpoint,
@@ -60,6 +63,7 @@ impl Kind {
         Kind::LazyPagesKill,
         Kind::ContainerdRestart,
         Kind::DiskFull,
+        Kind::WorkerKill,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +83,7 @@ impl Kind {
             Kind::LazyPagesKill => "lazy-pages-kill",
             Kind::ContainerdRestart => "containerd-restart",
             Kind::DiskFull => "disk-full",
+            Kind::WorkerKill => "worker-kill",
         }
     }
 
@@ -134,6 +139,11 @@ impl Kind {
             Kind::DiskFull => {
                 "a checkpoint on the full disk fails naming it; the sandbox runs on; nothing \
                  partial is listed or left; once freed, the next checkpoint works"
+            }
+            Kind::WorkerKill => {
+                "the pre-started shadow takes over within 60 s, rebuilds the KV from the broker's \
+                 token log and the request completes with exactly an unkilled run's tokens; a new \
+                 shadow is up for the next kill"
             }
         }
     }

@@ -10,6 +10,7 @@ pub mod fault;
 pub mod report;
 pub mod rng;
 pub mod trajectory;
+pub mod worker;
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -94,6 +95,8 @@ pub struct Journal {
     pub events: Vec<Event>,
     /// Kill → the next action works, ms.
     pub recovery_ms: Vec<u64>,
+    /// `worker-kill`: the primary's kill → the shadow generating again, ms.
+    pub worker_takeover_ms: Vec<u64>,
     /// (sandbox, checkpoint) → frozen µs, for every checkpoint the soak saw listed.
     pub frozen_us: std::collections::BTreeMap<(String, String), u64>,
     /// Invariant failures not tied to one injected fault.
@@ -132,6 +135,8 @@ pub struct Run<'a> {
     pub daemons: Mutex<Vec<std::process::Child>>,
     /// The pid of the containerd running now.
     pub daemon_pid: std::sync::atomic::AtomicU32,
+    /// The rollout worker group `worker-kill` hits, when the schedule has it.
+    pub worker: Option<worker::Group>,
 }
 
 impl Run<'_> {
@@ -144,8 +149,19 @@ impl Run<'_> {
     }
 }
 
-/// Runs the soak against `c` (a containerd with the Belayer shim) and returns its figures.
-pub fn run(c: &Containerd, cfg: &Config) -> Report {
+/// Runs the soak against `c` (a containerd with the Belayer shim) and returns its figures; fails
+/// only when the schedule has `worker-kill` and the rollout worker group cannot start.
+pub fn run(c: &Containerd, cfg: &Config) -> Result<Report, worker::StartError> {
+    let worker = if cfg.schedule.kinds.contains(&Kind::WorkerKill) {
+        let g = worker::Group::start(&c.dir.join("rollout-worker"))?;
+        eprintln!(
+            "chaos: rollout worker group (broker, primary, shadow) up in {:.1} s",
+            g.started_in.as_secs_f64()
+        );
+        Some(g)
+    } else {
+        None
+    };
     let run = Run {
         c,
         cfg,
@@ -154,6 +170,7 @@ pub fn run(c: &Containerd, cfg: &Config) -> Report {
         gate: std::sync::RwLock::new(()),
         daemons: Mutex::new(Vec::new()),
         daemon_pid: std::sync::atomic::AtomicU32::new(c.pid()),
+        worker,
     };
     let load_before = loadavg();
     let cpu_before = crate::machine_cpu_s();
@@ -202,6 +219,9 @@ pub fn run(c: &Containerd, cfg: &Config) -> Report {
         std::thread::sleep(Duration::from_millis(500));
     }
     leaks.extend(run.journal.lock().unwrap().fd_leaks.clone());
+    if let Some(w) = &run.worker {
+        leaks.extend(w.stop());
+    }
     let wall = run.start.elapsed();
     let load_after = loadavg();
     let cpu = crate::machine_cpu_since(cpu_before);
@@ -223,7 +243,7 @@ pub fn run(c: &Containerd, cfg: &Config) -> Report {
         cpu,
     );
     report.baseline = baseline;
-    report
+    Ok(report)
 }
 
 /// The 1-minute load average.

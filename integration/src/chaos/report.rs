@@ -35,6 +35,8 @@ pub struct Report {
     pub trajectories: Vec<Trajectory>,
     pub events: Vec<Event>,
     pub recovery_ms: Vec<u64>,
+    /// `worker-kill`: the primary's kill → the shadow generating again, ms.
+    pub worker_takeover_ms: Vec<u64>,
     pub frozen_ms: Vec<f64>,
     pub violations: Vec<String>,
     pub leaks: Vec<String>,
@@ -101,6 +103,7 @@ impl Report {
             trajectories,
             events: journal.events,
             recovery_ms: journal.recovery_ms,
+            worker_takeover_ms: journal.worker_takeover_ms,
             frozen_ms: journal
                 .frozen_us
                 .values()
@@ -141,6 +144,11 @@ impl Report {
         percentile(&xs, p)
     }
 
+    fn worker_takeover(&self, p: f64) -> Option<f64> {
+        let xs: Vec<f64> = self.worker_takeover_ms.iter().map(|v| *v as f64).collect();
+        percentile(&xs, p)
+    }
+
     pub fn json(&self) -> serde_json::Value {
         let kinds: serde_json::Map<String, serde_json::Value> = self
             .per_kind
@@ -168,6 +176,8 @@ impl Report {
                 "rewinds": self.trajectories.iter().map(|t| t.rewinds).sum::<u64>(),
             },
             "recovery_ms": {"n": self.recovery_ms.len(), "p50": self.recovery(50.0), "p99": self.recovery(99.0)},
+            "worker_takeover_ms": {"n": self.worker_takeover_ms.len(),
+                                   "p50": self.worker_takeover(50.0), "p99": self.worker_takeover(99.0)},
             "frozen_ms": {"n": self.frozen_ms.len(), "p50": percentile(&self.frozen_ms, 50.0),
                           "p99": percentile(&self.frozen_ms, 99.0)},
             "over_retention": {"checks": self.over_retention.0, "max_excess": self.over_retention.1,
@@ -263,6 +273,16 @@ impl Report {
             fmt(self.recovery(99.0)),
             self.recovery_ms.len()
         );
+        if !self.worker_takeover_ms.is_empty() {
+            let _ = writeln!(
+                t,
+                "rollout worker takeover (primary killed → shadow generating again): p50 {} ms, \
+                 p99 {} ms (n={})",
+                fmt(self.worker_takeover(50.0)),
+                fmt(self.worker_takeover(99.0)),
+                self.worker_takeover_ms.len()
+            );
+        }
         let _ = writeln!(
             t,
             "checkpoint frozen time: p50 {} ms, p99 {} ms (n={} checkpoints seen)",

@@ -80,6 +80,30 @@ impl Traj<'_, '_> {
             Kind::LazyPagesKill => self.kill_lazy_fill(),
             Kind::ContainerdRestart => self.restart_containerd(pid, all),
             Kind::DiskFull => self.fill_disk(pid, all),
+            Kind::WorkerKill => self.kill_worker(),
+        }
+    }
+
+    /// SIGKILLs the rollout worker's primary mid-generation (one injection at a time across
+    /// sandboxes; the sandbox is not touched): the shadow must take over and the request end
+    /// with an unkilled run's tokens ([`crate::chaos::worker`]).
+    fn kill_worker(&mut self) -> Result<Injected, Failure> {
+        use crate::chaos::worker::Injection;
+        let Some(group) = &self.run.worker else {
+            return Err(Failure::Violated(
+                "worker-kill drawn but no rollout worker group was started".into(),
+            ));
+        };
+        match group.inject() {
+            Injection::Survived {
+                detail,
+                takeover_ms,
+            } => {
+                self.run.record(|j| j.worker_takeover_ms.push(takeover_ms));
+                Ok(Injected::Yes(detail))
+            }
+            Injection::Missed(d) => Ok(Injected::Missed(d)),
+            Injection::Violated(d) => Err(Failure::Violated(d)),
         }
     }
 
