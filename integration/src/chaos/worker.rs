@@ -13,7 +13,6 @@ use gpu_broker::client::Client;
 use gpu_broker::wire::Role;
 use gpu_broker::worker::serve::protocol::{GenClient, GenRequest};
 
-use crate::bench::procs::{MissingBin, find_bin};
 use crate::bench::rollout::workers::Workers;
 
 /// Prompt tokens of the request (small: the group shares the cores with the sandboxes).
@@ -35,12 +34,8 @@ pub enum StartError {
          gpu-broker/scripts/fetch-model (scripts/setup does)"
     )]
     MissingModel(PathBuf),
-    #[error("worker-kill needs the rollout worker's binaries (cargo build --release --workspace)")]
-    MissingBin(#[from] MissingBin),
-    #[error(
-        "worker-kill needs belayer-gpu-broker beside belayer-worker in {0} (found {1} instead)"
-    )]
-    SplitBins(PathBuf, PathBuf),
+    #[error("worker-kill needs {0}, which is missing: cargo build --release --workspace")]
+    MissingBin(PathBuf),
     #[error("the rollout worker group did not start in {dir}: {why}")]
     Start { dir: PathBuf, why: String },
     #[error("the rollout worker group's unkilled reference request failed: {0}")]
@@ -114,11 +109,13 @@ impl Group {
         if !model.is_file() {
             return Err(StartError::MissingModel(model));
         }
-        let worker = find_bin("belayer-worker")?;
-        let broker = find_bin("belayer-gpu-broker")?;
-        let bin_dir = worker.parent().map(Path::to_path_buf).unwrap_or_default();
-        if broker.parent() != Some(bin_dir.as_path()) {
-            return Err(StartError::SplitBins(bin_dir, broker));
+        // The binaries under test, from where the soak's shim and CLI come.
+        let bin_dir = crate::prereq::bin_dir();
+        for name in ["belayer-gpu-broker", "belayer-worker"] {
+            let bin = bin_dir.join(name);
+            if !bin.is_file() {
+                return Err(StartError::MissingBin(bin));
+            }
         }
         let _ = std::fs::remove_dir_all(dir);
         let max_seq = PROMPT + MAX_NEW as usize + 16;
