@@ -665,6 +665,63 @@ fn an_export_stands_alone_and_leaves_no_lease() {
     assert!(diff.is_empty(), "the export of checkpoint 2: {diff:#?}");
 }
 
+/// A compaction or an export of a damaged checkpoint is refused, and the checkpoint stays as it
+/// is: the copy's manifest is hashed from the copy, so the damage would otherwise become the
+/// truth and a restore of it verify (found by the chaos soak: corrupt-newest, then retention's
+/// compaction, then the restore succeeded). Damage in an image and in a chain member's layer.
+#[test]
+fn a_damaged_checkpoint_is_neither_compacted_nor_exported() {
+    let e = env();
+    chain_of_two(&e);
+    let c2 = e.store.load("default", "c1", 2).unwrap();
+    let flip = |file: &Path| {
+        let mut bytes = fs::read(file).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        fs::write(file, bytes).unwrap();
+    };
+    let image = c2.criu_dir().join("pages-1.img");
+    flip(&image);
+    let manifest = fs::read(c2.dir.join("manifest.json")).unwrap();
+    for err in [
+        e.store.compact("default", "c1", 2).unwrap_err(),
+        e.store
+            .export("default", "c1", 2, &e.store.root().with_file_name("out"))
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                &err,
+                CompactCheckpointError::Corrupt { seq: 2, source: VerifyError::Corrupt { file, .. } }
+                    if *file == image
+            ),
+            "{err:?}"
+        );
+    }
+    assert_eq!(fs::read(c2.dir.join("manifest.json")).unwrap(), manifest);
+    assert!(!e.store.root().with_file_name("out").exists());
+    let c2 = e.store.load("default", "c1", 2).unwrap();
+    let err = verify_checkpoint(&e.store, &c2, VerifyLevel::Full).unwrap_err();
+    assert!(matches!(&err, VerifyError::Corrupt { .. }), "{err}");
+    flip(&image);
+
+    // Checkpoint 1's layer, which 2's chain merges.
+    let c1 = e.store.load("default", "c1", 1).unwrap();
+    fs::write(c1.fs_dir().join("a"), "9\n").unwrap();
+    let err = e.store.compact("default", "c1", 2).unwrap_err();
+    assert!(
+        matches!(&err, CompactCheckpointError::Corrupt { seq: 2, source: VerifyError::Corrupt { file, .. } }
+            if file.ends_with("fs/a")),
+        "{err:?}"
+    );
+    assert_eq!(
+        e.store.load("default", "c1", 2).unwrap().manifest.fs_chain,
+        [2, 1]
+    );
+    fs::write(c1.fs_dir().join("a"), "1\n").unwrap();
+    e.store.compact("default", "c1", 2).unwrap();
+}
+
 /// `cp -a from to`.
 fn copy_tree(from: &Path, to: &Path) {
     let copied = std::process::Command::new("cp")

@@ -263,6 +263,7 @@ impl Error {
             Error::Restore(e) => restore_kind(e),
             Error::Store(e) => store_kind(e),
             Error::Compact(CompactCheckpointError::Store(e)) => store_kind(e),
+            Error::Compact(CompactCheckpointError::Corrupt { .. }) => Kind::Corrupt,
             Error::Compact(_) => Kind::Unknown,
             Error::Criu(_) => Kind::FailedPrecondition,
             Error::Export(e) => e.kind(),

@@ -15,6 +15,17 @@ pub enum CompactCheckpointError {
     /// Loading, locking or writing in the store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The checkpoint, or a layer of its chain, no longer matches its manifest: a copy would
+    /// record the damage as its truth (its CRIU images are linked, its layers merged, and the
+    /// result hashed afresh), so nothing is written and the checkpoint stays as it is.
+    #[error("checkpoint {seq} does not verify")]
+    Corrupt {
+        /// The checkpoint.
+        seq: u64,
+        /// What differs.
+        #[source]
+        source: super::VerifyError,
+    },
     /// Merging the layers failed.
     #[error("cannot merge the fs chain of checkpoint {seq}")]
     Merge {
@@ -125,6 +136,11 @@ impl Store {
         out: &Path,
     ) -> Result<Manifest, CompactCheckpointError> {
         let m = &cp.manifest;
+        // What is copied must be what was checkpointed: the new manifest's hashes are taken
+        // from the copy (found by the chaos soak: a byte flipped in a CRIU image, then a
+        // compaction, and the restore of the damaged checkpoint verified).
+        super::verify_checkpoint(self, cp, super::VerifyLevel::Stamped)
+            .map_err(|source| CompactCheckpointError::Corrupt { seq: m.seq, source })?;
         // Layers of this store among the image lowers (a fork stacks on the chain it was forked
         // from) are folded in too, so the result depends on no other checkpoint.
         let (borrowed, image_lowers): (Vec<PathBuf>, Vec<PathBuf>) = m

@@ -61,6 +61,15 @@ impl Engine {
                             info!("container {cid}: retention keeps checkpoint {seq}'s chain: {e}");
                             delete.retain(|d| !chain.contains(d));
                         }
+                        // Damaged on disk: left as it is (a restore of it is refused), with the
+                        // layers it stacks on, until it is old enough to go itself.
+                        Err(e @ CompactCheckpointError::Corrupt { .. }) => {
+                            log::warn!(
+                                "container {cid}: retention keeps checkpoint {seq}'s chain: {}",
+                                crate::error::chain(&e)
+                            );
+                            delete.retain(|d| !chain.contains(d));
+                        }
                         Err(e) => {
                             return Err(e.into());
                         }
