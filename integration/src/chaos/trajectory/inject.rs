@@ -64,7 +64,24 @@ impl Traj<'_, '_> {
                 self.c().task_row(self.id())
             )));
         };
-        match kind {
+        // A kill whose recovery would be the third from the newest checkpoint in 60 s is a
+        // crash loop, which stops the task by design: a checkpoint first, as an automatic one
+        // would have been (the kinds that may recover twice, or not at all, do this themselves).
+        let spared = if matches!(
+            kind,
+            Kind::InitKillGap
+                | Kind::InitKillAction
+                | Kind::InitKillCheckpoint
+                | Kind::CriuKillRestore
+        ) {
+            match self.spare_crash_loop(1) {
+                Ok(spared) => spared,
+                Err(why) => return Ok(Injected::Missed(why)),
+            }
+        } else {
+            String::new()
+        };
+        let result = match kind {
             Kind::InitKillGap => self.kill_in_gap(pid),
             Kind::InitKillAction => self.kill_in_action(pid),
             Kind::InitKillCheckpoint => self.kill_in_checkpoint(pid),
@@ -81,6 +98,10 @@ impl Traj<'_, '_> {
             Kind::ContainerdRestart => self.restart_containerd(pid, all),
             Kind::DiskFull => self.fill_disk(pid, all),
             Kind::WorkerKill => self.kill_worker(),
+        };
+        match result {
+            Ok(Injected::Yes(d)) if !spared.is_empty() => Ok(Injected::Yes(spared + &d)),
+            r => r,
         }
     }
 
