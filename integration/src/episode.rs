@@ -246,17 +246,40 @@ impl<'a> Sandbox<'a> {
         )
     }
 
-    /// The counter file's numbers.
+    /// The counter file's numbers, its complete lines only: a `cat` beside the counter's append
+    /// can see the part of a line written into one page before the rest (a write across a page
+    /// boundary is copied page by page, the size growing with each; the chaos soak read
+    /// "…, 78309, 7831"). A torn line the counter goes on after would still show, joined to the
+    /// next number.
     pub fn counter(&self) -> Vec<u64> {
-        self.exec("cat /work/counter", None)
-            .stdout
-            .lines()
+        complete_lines(&self.exec("cat /work/counter", None).stdout)
             .filter_map(|l| l.trim().parse().ok())
             .collect()
     }
 }
 
+/// The lines of `text` that end in a newline (a last one being written is left out).
+fn complete_lines(text: &str) -> impl Iterator<Item = &str> {
+    let end = text.rfind('\n').map_or(0, |i| i + 1);
+    text[..end].lines()
+}
+
 /// Whether `numbers` is exactly 1..=N (N ≥ 1).
 pub fn is_contiguous(numbers: &[u64]) -> bool {
     !numbers.is_empty() && numbers.iter().enumerate().all(|(i, &n)| n == i as u64 + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_being_written_is_not_read() {
+        let lines = |t| complete_lines(t).collect::<Vec<_>>();
+        assert_eq!(lines("1\n2\n78"), ["1", "2"]);
+        assert_eq!(lines("1\n2\n"), ["1", "2"]);
+        assert!(lines("7").is_empty());
+        // A torn line the writer went on after stays visible.
+        assert_eq!(lines("1\n2\n34\n"), ["1", "2", "34"]);
+    }
 }

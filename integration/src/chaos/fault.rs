@@ -297,6 +297,38 @@ pub fn processes() -> Vec<Proc> {
         .collect()
 }
 
+/// `pid` and every task below it, each as `pid comm state wchan` (the wchans of all its threads,
+/// deduplicated): what a hung process waits on, for a report.
+pub fn describe_tree(pid: u32) -> String {
+    let procs = processes();
+    let mut out = Vec::new();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        let state = std::fs::read_to_string(format!("/proc/{p}/stat"))
+            .ok()
+            .and_then(|s| {
+                let close = s.rfind(')')?;
+                s[close + 1..].split_whitespace().next().map(str::to_string)
+            })
+            .unwrap_or_else(|| "gone".into());
+        let mut wchans: Vec<String> = std::fs::read_dir(format!("/proc/{p}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("wchan")).ok())
+            .collect();
+        wchans.sort();
+        wchans.dedup();
+        let comm = procs
+            .iter()
+            .find(|x| x.pid == p)
+            .map_or("?", |x| x.comm.as_str());
+        out.push(format!("{p} {comm} {state} [{}]", wchans.join(",")));
+        next.extend(procs.iter().filter(|x| x.ppid == p).map(|x| x.pid));
+    }
+    out.join("; ")
+}
+
 /// The parent of `pid` (0 when it is gone).
 pub fn parent_of(pid: i64) -> u32 {
     processes()

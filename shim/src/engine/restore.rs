@@ -277,7 +277,6 @@ impl Engine {
         if let Some(rootfs) = c.mounted_rootfs.take() {
             crate::rootfs::unmount_detached(&rootfs);
         }
-        let released = c.mount_chain.clone();
         let (pid_file, mount_ms) = self.mount_from(&mut c, &cp, lease)?;
         let t_mounted = started.elapsed();
         let restore_at = Instant::now();
@@ -310,8 +309,9 @@ impl Engine {
         );
         // The old rootfs stacked on checkpoints that retention had to keep: with it unmounted
         // they may go now rather than after the next automatic checkpoint (the chaos soak saw
-        // a chain of 11 outlive a restore until then).
-        if c.policy.auto && released.iter().any(|s| !c.mount_chain.contains(s)) {
+        // a chain of 11 outlive a restore until then). Also when this shim never knew that
+        // chain (it started after the one that mounted it died: shim-kill in the soak).
+        if c.policy.auto {
             let (engine, id) = (Arc::clone(self), id.to_string());
             tokio::spawn(async move {
                 if let Err(e) = engine.retain(&id).await {

@@ -61,17 +61,16 @@ impl Engine {
                             info!("container {cid}: retention keeps checkpoint {seq}'s chain: {e}");
                             delete.retain(|d| !chain.contains(d));
                         }
-                        // Damaged on disk: left as it is (a restore of it is refused), with the
-                        // layers it stacks on, until it is old enough to go itself.
-                        Err(e @ CompactCheckpointError::Corrupt { .. }) => {
+                        // Damaged on disk (left as it is: a restore of it is refused, until
+                        // it is old enough to go itself), or the merge failed (a full disk):
+                        // its chain stays, and the rest of the plan goes on, so that a store
+                        // short of space still frees what needs no merge.
+                        Err(e) => {
                             log::warn!(
                                 "container {cid}: retention keeps checkpoint {seq}'s chain: {}",
                                 crate::error::chain(&e)
                             );
                             delete.retain(|d| !chain.contains(d));
-                        }
-                        Err(e) => {
-                            return Err(e.into());
                         }
                     }
                 }
