@@ -246,9 +246,14 @@ pub fn restoring_criu(id: &str) -> Option<i64> {
     let mut found = None;
     while let Some(parent) = below.pop() {
         for p in procs.iter().filter(|p| p.ppid == parent) {
-            let criu = p.comm == "criu"
-                && !p.cmdline.contains("lazy-pages")
-                && !p.cmdline.contains("dump");
+            // runc's `criu swrk` under a `runc restore`: not the lazy-pages daemon, not a dump's
+            // (under `runc checkpoint`), and not the `criu --version` the shim runs before each
+            // restore, which the 30-minute soak killed and then took the shim for runc.
+            let under_restore = procs
+                .iter()
+                .find(|q| q.pid == p.ppid)
+                .is_some_and(|q| q.comm == "runc" && q.cmdline.contains(" restore "));
+            let criu = p.comm == "criu" && p.cmdline.contains("swrk") && under_restore;
             if criu {
                 found = Some(i64::from(p.pid));
                 break;

@@ -356,9 +356,16 @@ impl Traj<'_, '_> {
                 &first[first.len().saturating_sub(3)..]
             ));
         }
-        std::thread::sleep(Duration::from_millis(200));
-        if self.s.counter().len() <= first.len() {
-            return Err("the counter stopped".into());
+        // It appends every 10 ms; on a loaded machine (12 sandboxes on 2 cores) its next turn
+        // on a CPU can be far later than that.
+        let grew = crate::bench::wait_until(Duration::from_secs(3), || {
+            self.s.counter().len() > first.len()
+        });
+        if !grew {
+            return Err(format!(
+                "the counter stopped at {} for 3 s",
+                first.last().copied().unwrap_or_default()
+            ));
         }
         Ok(())
     }

@@ -960,7 +960,12 @@ impl Traj<'_, '_> {
 
     /// A fork of the newest checkpoint: its log and memory are intact, the source untouched.
     fn race_fork(&mut self, pid: i64) -> Result<Injected, Failure> {
-        let Some(newest) = check::listed(self.c(), self.id()).pop() else {
+        // Not one corrupted on purpose (its refusal is corrupt-newest's claim): the newest
+        // whole one, as a framework that saw the refusal would choose.
+        let Some(newest) = check::listed(self.c(), self.id())
+            .into_iter()
+            .rfind(|cp| !self.corrupted.contains(cp))
+        else {
             return Ok(Injected::Missed("no checkpoint listed".into()));
         };
         let out = self.belayer(&["fork", self.id(), "--checkpoint", &newest, "--count", "1"]);
