@@ -486,6 +486,33 @@ impl CheckpointError {
 /// → thaw. In exit mode there is no thaw: the guard that thaws the container if what follows
 /// fails is returned instead. Any failure thaws what this call froze; a failed dump also
 /// releases a network lock CRIU left (one not in `locks_before`).
+/// How many times `runc pause` is tried before the checkpoint is refused.
+const FREEZE_TRIES: u32 = 3;
+
+/// Freezes container `id` (`runc pause`), trying again after a failure: on cgroup v1 runc gives
+/// up ("unable to freeze") when the cgroup does not reach FROZEN within its own retries — tasks
+/// forking fast on a loaded machine (the chaos soak, 12 sandboxes on 2 cores: a pip install) —
+/// and thaws what it froze, so another try is safe. A container that is gone is not retried.
+fn freeze(runc: &Runc, id: &str) -> Result<(), CheckpointError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match runc.pause(id) {
+            Ok(()) => return Ok(()),
+            Err(RuncError::Failed { .. }) if tries < FREEZE_TRIES => {
+                tracing::info!(container = id, tries, "runc pause failed; trying again");
+                std::thread::sleep(std::time::Duration::from_millis(20 * u64::from(tries)));
+            }
+            Err(source) => {
+                return Err(CheckpointError::Freeze {
+                    id: id.into(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
 fn one_instant<'a>(
     req: &CheckpointRequest<'a>,
     pending: &PendingCheckpoint,
@@ -498,12 +525,7 @@ fn one_instant<'a>(
     let id = req.id;
     let frozen_at = Instant::now();
     if pause {
-        req.runc
-            .pause(id)
-            .map_err(|source| CheckpointError::Freeze {
-                id: id.into(),
-                source,
-            })?;
+        freeze(req.runc, id)?;
     }
     t.freeze_us = micros(frozen_at);
     let mut thaw = ThawGuard {
@@ -670,6 +692,57 @@ mod tests {
                 message: String::new(),
             }),
         }
+    }
+
+    /// A stand-in runc whose `pause` fails (as runc's "unable to freeze" does) the first
+    /// `failures` times, counting its calls in `calls`.
+    fn flaky_runc(dir: &Path, failures: u32) -> Runc {
+        use std::os::unix::fs::PermissionsExt;
+        let bin = dir.join("runc");
+        let calls = dir.join("calls");
+        std::fs::write(
+            &bin,
+            format!(
+                "#!/bin/sh\necho x >> {calls}\n[ $(wc -l < {calls}) -gt {failures} ] && exit 0\n\
+                 echo 'level=error msg=\"unable to freeze\"' >&2\nexit 1\n",
+                calls = calls.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut runc = Runc::new(dir.join("root"));
+        runc.binary = bin;
+        runc
+    }
+
+    fn calls(dir: &Path) -> usize {
+        std::fs::read_to_string(dir.join("calls"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    }
+
+    #[test]
+    fn a_failed_freeze_is_tried_again_a_few_times() {
+        let dir = tempfile::tempdir().unwrap();
+        let runc = flaky_runc(dir.path(), 2);
+        freeze(&runc, "c").unwrap();
+        assert_eq!(calls(dir.path()), 3);
+
+        let dir = tempfile::tempdir().unwrap();
+        let runc = flaky_runc(dir.path(), 5);
+        let err = freeze(&runc, "c").unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                CheckpointError::Freeze {
+                    source: RuncError::Failed { .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(calls(dir.path()), FREEZE_TRIES as usize);
     }
 
     #[test]
