@@ -219,20 +219,29 @@ fn retention_keeps_a_checkpoint_a_running_fork_stacks_on() {
 
 /// A checkpoint the running rootfs stacks on stays whatever `io.belayer.keep` says; once a
 /// restore mounts another chain, it goes at once, not only after the next automatic checkpoint
-/// (the chaos soak found chains of 11 outliving restores until then: seed 2, init-kill-restore).
+/// (the chaos soak found chains of 11 outliving restores until then: seed 2, init-kill-restore)
+/// — also when the restore comes after the shim's death, through a task created anew by a shim
+/// that never knew the old chain (seed 601, shim-kill).
 #[test]
 fn a_restore_lets_retention_drop_the_chain_the_old_rootfs_stacked_on() {
     let _machine = machine_shared();
     let c = Containerd::start(Flavor::V2);
-    let s = keeping_one(&c, "unpinned");
-    let checkpoints = || listed(&c, "unpinned");
+    restore_unpins(&c, "unpinned", false);
+    restore_unpins(&c, "unpinned-shim", true);
+}
+
+/// [`a_restore_lets_retention_drop_the_chain_the_old_rootfs_stacked_on`] for sandbox `id`,
+/// restored in place or, with `shim_dies`, by `belayer restore` after its shim is SIGKILLed.
+fn restore_unpins(c: &Containerd, id: &str, shim_dies: bool) {
+    let s = keeping_one(c, id);
+    let checkpoints = || listed(c, id);
     let turn = |n: usize, after: Option<&String>| {
-        let listed = checkpointed_turn(&c, &s, n, after);
+        let listed = checkpointed_turn(c, &s, n, after);
         listed.last().cloned().expect("a checkpoint")
     };
     let first = turn(1, None);
-    let out = c.belayer(&["restore", "unpinned", "--checkpoint", &first]);
-    assert_eq!(out.code, 0, "restore from {first}: {out:?}");
+    let out = c.belayer(&["restore", id, "--checkpoint", &first]);
+    assert_eq!(out.code, 0, "{id}: restore from {first}: {out:?}");
     // Two more turns: keep=1 would drop {first}, but the rootfs stacks on it.
     let mut newest = first.clone();
     for n in 2..=3 {
@@ -240,31 +249,44 @@ fn a_restore_lets_retention_drop_the_chain_the_old_rootfs_stacked_on() {
     }
     assert!(
         checkpoints().contains(&first),
-        "retention removed checkpoint {first}, which the mounted rootfs stacks on: {:?}",
+        "{id}: retention removed checkpoint {first}, which the mounted rootfs stacks on: {:?}",
         checkpoints()
     );
+    if shim_dies {
+        let shims = c.ns_shims_of(&c.ns);
+        let of_id = belayer_integration::leaks::pids_with_args(&["-id", id]);
+        let shim = shims
+            .into_iter()
+            .find(|p| of_id.contains(p))
+            .expect("the sandbox's shim");
+        belayer_integration::sigkill(shim.into()).expect("SIGKILL the shim");
+        assert!(
+            wait_until(Duration::from_secs(30), || c.task_row(id).is_empty()),
+            "{id}: containerd kept the task of its killed shim"
+        );
+    }
     // Mounted on {newest}'s chain now: {first} is nobody's lower dir any more.
-    let out = c.belayer(&["restore", "unpinned", "--checkpoint", &newest]);
-    assert_eq!(out.code, 0, "restore from {newest}: {out:?}");
+    let out = c.belayer(&["restore", id, "--checkpoint", &newest]);
+    assert_eq!(out.code, 0, "{id}: restore from {newest}: {out:?}");
     assert!(
         wait_until(Duration::from_secs(10), || !checkpoints().contains(&first)),
-        "checkpoint {first} outlived the restore that unmounted it: {:?}; shim log:\n{}",
+        "{id}: checkpoint {first} outlived the restore that unmounted it: {:?}; shim log:\n{}",
         checkpoints(),
-        c.log_lines("unpinned", 30)
+        c.log_lines(id, 30)
     );
     // Without a checkpoint after the restore (else the old path, retention after a checkpoint,
     // would have removed it).
     assert_eq!(
         checkpoints().last(),
         Some(&newest),
-        "an automatic checkpoint came after the restore: this test shows nothing"
+        "{id}: an automatic checkpoint came after the restore: this test shows nothing"
     );
     assert_eq!(
         s.exec("cat /turn3", None).stdout,
         "3\n",
-        "the restore lost a file"
+        "{id}: the restore lost a file"
     );
-    remove(&c, "unpinned");
+    remove(c, id);
 }
 
 /// A sandbox in automatic mode whose retention keeps one checkpoint (`io.belayer.keep=1`).

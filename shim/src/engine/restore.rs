@@ -307,17 +307,8 @@ impl Engine {
             "container {id} restored from checkpoint {} in {} ms",
             cp.manifest.seq, info.total_ms
         );
-        // The old rootfs stacked on checkpoints that retention had to keep: with it unmounted
-        // they may go now rather than after the next automatic checkpoint (the chaos soak saw
-        // a chain of 11 outlive a restore until then). Also when this shim never knew that
-        // chain (it started after the one that mounted it died: shim-kill in the soak).
         if c.policy.auto {
-            let (engine, id) = (Arc::clone(self), id.to_string());
-            tokio::spawn(async move {
-                if let Err(e) = engine.retain(&id).await {
-                    log::warn!("container {id}: retention after a restore: {}", e.message());
-                }
-            });
+            self.retain_soon(id);
         }
         Ok(info)
     }
@@ -368,6 +359,9 @@ impl Engine {
             true => self.reposition(c, cp.manifest.seq).await,
             false => None,
         };
+        if own && c.policy.auto {
+            self.retain_soon(&c.id);
+        }
         log::info!(
             "container {} restored from checkpoint {} of {} at start in {:?}, position {:?}",
             c.id,
