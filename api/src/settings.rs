@@ -8,12 +8,12 @@ use serde::Deserialize;
 
 /// The default checkpoint store.
 pub const DEFAULT_STORE: &str = "/var/lib/belayer";
+const DEFAULT_CONFIG: &str = "/etc/belayer/config.toml";
 
 /// The runc root (`runc --root`) of the shims' containers in `namespace`: their runc state.
 pub fn runc_root(namespace: &str) -> PathBuf {
     PathBuf::from("/run/belayer/runc").join(namespace)
 }
-const DEFAULT_CONFIG: &str = "/etc/belayer/config.toml";
 
 /// The bounds of `frozen_limit_ms`: a dump needs some time; a container frozen for minutes is
 /// already lost to its agent.

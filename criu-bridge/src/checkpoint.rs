@@ -481,11 +481,6 @@ impl CheckpointError {
     }
 }
 
-/// The frozen window: pause (if `pause`) → a look for a vfork in progress under `init` (the
-/// container's init; thawed and [`CheckpointError::Blocked`] if there is one) → dump → capture
-/// → thaw. In exit mode there is no thaw: the guard that thaws the container if what follows
-/// fails is returned instead. Any failure thaws what this call froze; a failed dump also
-/// releases a network lock CRIU left (one not in `locks_before`).
 /// How many times `runc pause` is tried before the checkpoint is refused.
 const FREEZE_TRIES: u32 = 3;
 
@@ -513,6 +508,11 @@ fn freeze(runc: &Runc, id: &str) -> Result<(), CheckpointError> {
     }
 }
 
+/// The frozen window: pause (if `pause`) → a look for a vfork in progress under `init` (the
+/// container's init; thawed and [`CheckpointError::Blocked`] if there is one) → dump → capture
+/// → thaw. In exit mode there is no thaw: the guard that thaws the container if what follows
+/// fails is returned instead. Any failure thaws what this call froze; a failed dump also
+/// releases a network lock CRIU left (one not in `locks_before`).
 fn one_instant<'a>(
     req: &CheckpointRequest<'a>,
     pending: &PendingCheckpoint,

@@ -633,6 +633,21 @@ impl Containerd {
             .filter(|p| of_ns.contains(p))
             .collect()
     }
+
+    /// The pid of the shim serving container `id` in this containerd's namespace, if exactly
+    /// one does.
+    pub fn shim_of(&self, id: &str) -> Option<u32> {
+        let of_id = crate::leaks::pids_with_args(&["-id", id]);
+        match self
+            .ns_shims_of(&self.ns)
+            .into_iter()
+            .filter(|p| of_id.contains(p))
+            .collect::<Vec<_>>()[..]
+        {
+            [pid] => Some(pid),
+            _ => None,
+        }
+    }
 }
 
 impl Containerd {

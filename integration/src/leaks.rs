@@ -71,6 +71,17 @@ pub fn pids_mentioning(needle: &str) -> Vec<u32> {
         .collect()
 }
 
+/// What runc keeps of the shims' containers in namespace `ns` (one dir per container under
+/// the runc root): left behind when a container's delete never ran, or failed.
+pub fn runc_state(ns: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(belayer_api::settings::runc_root(ns))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .collect()
+}
+
 /// Number of open file descriptors of `pid`.
 pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))

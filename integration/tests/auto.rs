@@ -253,12 +253,7 @@ fn restore_unpins(c: &Containerd, id: &str, shim_dies: bool) {
         checkpoints()
     );
     if shim_dies {
-        let shims = c.ns_shims_of(&c.ns);
-        let of_id = belayer_integration::leaks::pids_with_args(&["-id", id]);
-        let shim = shims
-            .into_iter()
-            .find(|p| of_id.contains(p))
-            .expect("the sandbox's shim");
+        let shim = c.shim_of(id).expect("the sandbox's shim");
         belayer_integration::sigkill(shim.into()).expect("SIGKILL the shim");
         assert!(
             wait_until(Duration::from_secs(30), || c.task_row(id).is_empty()),

@@ -195,9 +195,7 @@ fn hundred_create_delete_cycles_leak_nothing() {
     assert!(mounts.is_empty(), "mounts left: {mounts:?}");
     let cgroups = leaks::cgroups_of_namespace(&c.ns);
     assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
-    let runc_state: Vec<_> = std::fs::read_dir(runc_root(&c.ns))
-        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
-        .unwrap_or_default();
+    let runc_state = leaks::runc_state(&c.ns);
     assert!(runc_state.is_empty(), "runc state left: {runc_state:?}");
     let stray = leaks::pids_mentioning(&runc_root(&c.ns).display().to_string());
     assert!(stray.is_empty(), "runc processes left: {stray:?}");

@@ -192,14 +192,8 @@ pub fn leaks(c: &Containerd, ids: &[String]) -> Vec<String> {
     for d in staging_dirs(c) {
         left.push(format!("staging dir {d}"));
     }
-    // runc's state of a container outlives it when its delete never ran (or failed).
-    let runc_root = belayer_api::settings::runc_root(&c.ns);
-    for e in std::fs::read_dir(&runc_root)
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        left.push(format!("runc state {}", e.path().display()));
+    for d in crate::leaks::runc_state(&c.ns) {
+        left.push(format!("runc state {}", d.display()));
     }
     for id in ids {
         if c.task_work_dir(id).exists() {
@@ -207,20 +201,6 @@ pub fn leaks(c: &Containerd, ids: &[String]) -> Vec<String> {
         }
     }
     left
-}
-
-/// The pid of the shim serving container `id` in `c`'s namespace, if exactly one does.
-pub fn shim_of(c: &Containerd, id: &str) -> Option<u32> {
-    let of_id = crate::leaks::pids_with_args(&["-id", id]);
-    match c
-        .ns_shims_of(&c.ns)
-        .into_iter()
-        .filter(|p| of_id.contains(p))
-        .collect::<Vec<_>>()[..]
-    {
-        [pid] => Some(pid),
-        _ => None,
-    }
 }
 
 /// The fewest open fds `pid` had over a few samples 200 ms apart: a checkpoint or exec in
@@ -251,8 +231,7 @@ pub fn fd_kinds(pid: u32) -> String {
             .unwrap_or_else(|_| "?".into());
         let kind = match target.split_once(":[") {
             Some((k, _)) if k == "pipe" || k == "socket" => k.to_string(),
-            Some(_) => target,
-            None => target,
+            _ => target,
         };
         *kinds.entry(kind).or_default() += 1;
     }

@@ -268,10 +268,13 @@ pub fn restoring_criu(id: &str) -> Option<i64> {
 }
 
 /// One process of the machine, as `/proc` shows it.
+#[derive(Clone, Debug)]
 pub struct Proc {
     pub pid: u32,
     pub ppid: u32,
     pub comm: String,
+    /// The state letter of `/proc/PID/stat` (`R`, `S`, `D`, `Z`, …).
+    pub state: String,
     pub cmdline: String,
 }
 
@@ -288,7 +291,9 @@ pub fn processes() -> Vec<Proc> {
             let open = stat.find('(')?;
             let close = stat.rfind(')')?;
             let comm = stat[open + 1..close].to_string();
-            let ppid = stat[close + 1..].split_whitespace().nth(1)?.parse().ok()?;
+            let mut rest = stat[close + 1..].split_whitespace();
+            let state = rest.next()?.to_string();
+            let ppid = rest.next()?.parse().ok()?;
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
                 .map(|raw| String::from_utf8_lossy(&raw).replace('\0', " "))
                 .unwrap_or_default();
@@ -296,6 +301,7 @@ pub fn processes() -> Vec<Proc> {
                 pid,
                 ppid,
                 comm,
+                state,
                 cmdline,
             })
         })
@@ -309,13 +315,6 @@ pub fn describe_tree(pid: u32) -> String {
     let mut out = Vec::new();
     let mut next = vec![pid];
     while let Some(p) = next.pop() {
-        let state = std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|s| {
-                let close = s.rfind(')')?;
-                s[close + 1..].split_whitespace().next().map(str::to_string)
-            })
-            .unwrap_or_else(|| "gone".into());
         let mut wchans: Vec<String> = std::fs::read_dir(format!("/proc/{p}/task"))
             .into_iter()
             .flatten()
@@ -324,10 +323,10 @@ pub fn describe_tree(pid: u32) -> String {
             .collect();
         wchans.sort();
         wchans.dedup();
-        let comm = procs
+        let (comm, state) = procs
             .iter()
             .find(|x| x.pid == p)
-            .map_or("?", |x| x.comm.as_str());
+            .map_or(("?", "gone"), |x| (x.comm.as_str(), x.state.as_str()));
         out.push(format!("{p} {comm} {state} [{}]", wchans.join(",")));
         next.extend(procs.iter().filter(|x| x.ppid == p).map(|x| x.pid));
     }
@@ -392,12 +391,7 @@ pub fn strays(init: i64, shim: u32, cgroup_root: &Path) -> Vec<Proc> {
             true
         })
         .filter_map(|pid| procs.iter().find(|p| p.pid == pid))
-        .map(|p| Proc {
-            pid: p.pid,
-            ppid: p.ppid,
-            comm: p.comm.clone(),
-            cmdline: p.cmdline.clone(),
-        })
+        .cloned()
         .collect()
 }
 

@@ -384,7 +384,7 @@ impl Traj<'_, '_> {
     /// Takes the open-fd count of the sandbox's shim as the start [`final_check`] compares
     /// with, when that shim is new to the run (the first, or one started after a `shim-kill`).
     fn watch_shim_fds(&self) {
-        let Some(pid) = check::shim_of(self.c(), self.id()) else {
+        let Some(pid) = self.c().shim_of(self.id()) else {
             return;
         };
         let known = self
@@ -568,7 +568,7 @@ pub fn final_check(run: &Run, id: &str) {
         .get(id)
         .copied();
     if let Some((pid, fds)) = start
-        && check::shim_of(run.c, id) == Some(pid)
+        && run.c.shim_of(id) == Some(pid)
     {
         let now = check::settled_fd_count(pid);
         if now > fds + super::FD_SLACK {
