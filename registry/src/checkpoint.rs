@@ -450,6 +450,8 @@ pub struct PushReport {
     pub skipped: Vec<Digest>,
     /// Blob bytes uploaded.
     pub uploaded_bytes: u64,
+    /// Blob bytes the registry had already (not sent again).
+    pub skipped_bytes: u64,
 }
 
 /// Pushes `parts` as `reference` (a tag, or a digest that must be the manifest's): each blob
@@ -472,6 +474,7 @@ pub async fn push_archive_parts(
         uploaded: Vec::new(),
         skipped: Vec::new(),
         uploaded_bytes: 0,
+        skipped_bytes: 0,
     };
     let mut seen = BTreeSet::new();
     for p in &parts.parts {
@@ -484,6 +487,7 @@ pub async fn push_archive_parts(
             .is_some()
         {
             report.skipped.push(p.digest.clone());
+            report.skipped_bytes += p.size;
             continue;
         }
         client
@@ -499,6 +503,7 @@ pub async fn push_archive_parts(
         .is_some()
     {
         report.skipped.push(config.digest.clone());
+        report.skipped_bytes += config.size;
     } else {
         client
             .push_blob_bytes(repo, &config.digest, parts.config_bytes.clone().into())

@@ -11,6 +11,8 @@ pub mod error;
 pub mod oci;
 pub mod reference;
 pub mod tar;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use checkpoint::{PullLimits, PushReport, pull_to_archive, push_archive_parts};
 pub use client::{Client, ClientOptions, PlainHttp};
