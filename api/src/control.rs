@@ -11,6 +11,7 @@
 //! | `POST /v1/containers/{id}/hint` | [`HintRequest`] | `{}` |
 //! | `GET /v1/containers/{id}/status` | | [`Status`] |
 //! | `GET /v1/containers/{id}/journal` | | `[`[`journal::Entry`](crate::journal::Entry)`]` |
+//! | `POST /v1/containers/{id}/push` | [`PushRequest`] | [`PushInfo`] |
 //!
 //! Errors answer 400 (bad request), 404 (no such container or checkpoint), 409 (another
 //! checkpoint or restore in progress, or the container is not running), 422 (the checkpoint is
@@ -48,6 +49,64 @@ pub struct RestoreRequest {
     /// The checkpoint to restore; the newest when absent.
     #[serde(default)]
     pub checkpoint: Option<u64>,
+}
+
+/// `belayer push`: a checkpoint (the newest when absent) pushed to an OCI registry as an
+/// artifact (belayer-registry's README has the format).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PushRequest {
+    #[serde(default)]
+    pub checkpoint: Option<u64>,
+    /// `host[:port]/repository:tag` (or `@sha256:…`, which must be the manifest's digest).
+    pub reference: String,
+    /// The registry's credentials, as the client read them (its docker config); `None`: none.
+    #[serde(default)]
+    pub credentials: Option<RegistryCredentials>,
+    /// Plain HTTP to any host, not only loopback (TLS is not implemented yet).
+    #[serde(default)]
+    pub plain_http: bool,
+}
+
+/// The prefix of a push's staging directory (its export) in the store root; the shim's pid
+/// and a stamp follow. One left by a process that died is removed by the next import or push.
+pub const PUSH_STAGING_PREFIX: &str = ".tmp-push-";
+/// The prefix of a pull's staging directory in the store root; the CLI's pid and a stamp follow.
+pub const PULL_STAGING_PREFIX: &str = ".tmp-pull-";
+
+/// A user and password for a registry. Never logged or printed (its `Debug` hides the password).
+#[derive(Clone, Default, Serialize, Deserialize)]
+pub struct RegistryCredentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for RegistryCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryCredentials")
+            .field("username", &self.username)
+            .field("password", &"…")
+            .finish()
+    }
+}
+
+/// What a push did.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PushInfo {
+    pub container: String,
+    pub checkpoint: String,
+    /// The reference pushed, pinned to the manifest's digest (`host/repo:tag@sha256:…`).
+    pub reference: String,
+    /// The manifest's digest.
+    pub digest: String,
+    /// Blobs uploaded (the config included) and their bytes.
+    pub uploaded: usize,
+    pub uploaded_bytes: u64,
+    /// Blobs the registry had already (older members of the chain) and their bytes.
+    pub skipped: usize,
+    pub skipped_bytes: u64,
+    /// Export into a private directory, and the push (split into blobs, upload), milliseconds.
+    pub export_ms: u64,
+    pub push_ms: u64,
 }
 
 /// A checkpoint as `inspect` shows it.

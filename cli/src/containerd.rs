@@ -1,10 +1,12 @@
 //! The containerd calls of the CLI: look a container up, and create tasks that restore a
-//! checkpoint (a restore of a container without a task, and forks).
+//! checkpoint (a restore of a container without a task, forks, and a pulled checkpoint).
 
 use std::path::{Path, PathBuf};
 
 use containerd_client::services::v1::container::Runtime;
 use containerd_client::services::v1::containers_client::ContainersClient;
+use containerd_client::services::v1::snapshots::MountsRequest;
+use containerd_client::services::v1::snapshots::snapshots_client::SnapshotsClient;
 use containerd_client::services::v1::tasks_client::TasksClient;
 use containerd_client::services::v1::{
     Container, CreateContainerRequest, CreateTaskRequest, DeleteContainerRequest,
@@ -81,8 +83,9 @@ impl Containerd {
         serde_json::to_string(&opts).unwrap_or_default()
     }
 
-    /// Creates and starts a task of container `id`, whose spec carries the restore annotation.
-    fn create_restored_task(&self, id: &str) -> Result<u32> {
+    /// Creates and starts a task of container `id` that restores: from the restore annotation
+    /// its spec carries, or from the checkpoint directory `options` names.
+    fn create_restored_task(&self, id: &str, from: TaskFrom) -> Result<u32> {
         let mut tasks = TasksClient::new(self.channel()?);
         let ns = self.namespace.as_str();
         // After a shim's death containerd no longer lists the task but holds it until the shim
@@ -92,6 +95,8 @@ impl Containerd {
         loop {
             let req = CreateTaskRequest {
                 container_id: id.to_string(),
+                options: from.options.clone(),
+                rootfs: from.rootfs.clone(),
                 ..Default::default()
             };
             let s = match self.rt.block_on(tasks.create(with_namespace!(req, ns))) {
@@ -133,8 +138,8 @@ impl Containerd {
         }
     }
 
-    /// Restores a container that has no task: a new task restoring its checkpoint `seq`.
-    pub fn restore_task(&self, id: &str, seq: u64) -> Result<()> {
+    /// Container `id`'s record, or an error unless it runs with Belayer's runtime.
+    fn belayer_container(&self, id: &str) -> Result<Container> {
         let c = self.container(id)?;
         let runtime = c
             .runtime
@@ -147,6 +152,78 @@ impl Containerd {
                 runtime,
             });
         }
+        Ok(c)
+    }
+
+    /// Whether container `id` has a task (of any state).
+    fn has_task(&self, id: &str) -> Result<bool> {
+        let mut tasks = TasksClient::new(self.channel()?);
+        let req = GetRequest {
+            container_id: id.to_string(),
+            ..Default::default()
+        };
+        match self
+            .rt
+            .block_on(tasks.get(with_namespace!(req, self.namespace.as_str())))
+        {
+            Ok(_) => Ok(true),
+            Err(s) if s.code() == Code::NotFound => Ok(false),
+            Err(status) => Err(Error::Containerd {
+                step: format!("task {id}"),
+                status,
+            }),
+        }
+    }
+
+    /// Checks that container `id` can take a task created from a checkpoint directory: it runs
+    /// with Belayer's runtime and has no task.
+    pub fn check_restorable(&self, id: &str) -> Result<()> {
+        self.belayer_container(id)?;
+        if self.has_task(id)? {
+            return Err(Error::HasTask(id.to_string()));
+        }
+        Ok(())
+    }
+
+    /// Creates and starts container `id`'s task from the checkpoint export in `dir`, the way CRI
+    /// restores from a path: containerd hands the runtime options' `criu_image_path` to the shim
+    /// as the task's checkpoint, and the shim imports it (every import check) and restores it.
+    pub fn create_from_checkpoint_dir(&self, id: &str, dir: &Path) -> Result<u32> {
+        let c = self.belayer_container(id)?;
+        if self.has_task(id)? {
+            return Err(Error::HasTask(id.to_string()));
+        }
+        // The task's rootfs is the container's image snapshot, as containerd's own clients
+        // pass it: the import stacks the checkpoint's layers on that snapshot's lower dirs.
+        if c.snapshot_key.is_empty() {
+            return Err(Error::NoSnapshot(id.to_string()));
+        }
+        let mut snapshots = SnapshotsClient::new(self.channel()?);
+        let req = MountsRequest {
+            snapshotter: c.snapshotter.clone(),
+            key: c.snapshot_key.clone(),
+        };
+        let rootfs = self
+            .rt
+            .block_on(snapshots.mounts(with_namespace!(req, self.namespace.as_str())))
+            .map_err(|status| Error::Containerd {
+                step: format!("mounts of snapshot {} of {id}", c.snapshot_key),
+                status,
+            })?
+            .into_inner()
+            .mounts;
+        self.create_restored_task(
+            id,
+            TaskFrom {
+                options: Some(runc_options_with_image_path(dir)),
+                rootfs,
+            },
+        )
+    }
+
+    /// Restores a container that has no task: a new task restoring its checkpoint `seq`.
+    pub fn restore_task(&self, id: &str, seq: u64) -> Result<()> {
+        let c = self.belayer_container(id)?;
         let containers = ContainersClient::new(self.channel()?);
         let ns = self.namespace.as_str();
         let update = |c: &Container, annotation: Option<String>| -> Result<()> {
@@ -168,7 +245,7 @@ impl Containerd {
                 })
         };
         update(&c, Some(self.restore_annotation(id, seq)))?;
-        let restored = self.create_restored_task(id);
+        let restored = self.create_restored_task(id, TaskFrom::default());
         // The annotation is for this restore only: a later start runs the spec as usual.
         let cleared = update(&c, None);
         restored?;
@@ -235,7 +312,8 @@ impl Containerd {
                 .iter()
                 .map(|id| {
                     scope.spawn(move || {
-                        Containerd::new(&self.address, &self.namespace).create_restored_task(id)
+                        Containerd::new(&self.address, &self.namespace)
+                            .create_restored_task(id, TaskFrom::default())
                     })
                 })
                 .collect();
@@ -326,6 +404,35 @@ fn fork_record(
         }),
         ..Default::default()
     })
+}
+
+/// What a restoring task is created with beyond its container's record.
+#[derive(Default)]
+struct TaskFrom {
+    /// Task options (runc's, naming a checkpoint directory).
+    options: Option<prost_types::Any>,
+    /// The rootfs mounts (a container's image snapshot).
+    rootfs: Vec<containerd_client::types::Mount>,
+}
+
+/// The part of runc's runtime options (`containerd.runc.v1.Options`, which Belayer's shim
+/// reads too) that names a checkpoint directory to create a task from.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RuncOptions {
+    #[prost(string, tag = "10")]
+    criu_image_path: String,
+}
+
+/// Task options that make containerd create the task from the checkpoint in `dir`.
+fn runc_options_with_image_path(dir: &Path) -> prost_types::Any {
+    use prost::Message;
+    prost_types::Any {
+        type_url: "containerd.runc.v1.Options".into(),
+        value: RuncOptions {
+            criu_image_path: dir.display().to_string(),
+        }
+        .encode_to_vec(),
+    }
 }
 
 /// `c`'s spec with the restore annotation set to `value`, or removed.

@@ -85,6 +85,30 @@ pub enum Error {
     Panicked(&'static str),
     #[error(transparent)]
     Gateway(#[from] crate::gateway::GatewayError),
+    /// A registry step of `belayer push` or `pull` failed; `what` names the verb and reference.
+    #[error("{what}")]
+    Registry {
+        what: String,
+        #[source]
+        source: belayer_registry::Error,
+    },
+    /// A pull's private directory in the store cannot be made.
+    #[error("pull: prepare {}", path.display())]
+    PullStaging {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `belayer pull --into` names a container that already has a task.
+    #[error(
+        "container {0} already has a task: pull --into restores into a container created without one (ctr container create)"
+    )]
+    HasTask(String),
+    /// `belayer pull --into` names a container without an image snapshot to restore onto.
+    #[error(
+        "container {0} has no image snapshot: create it from the checkpointed container's image (ctr container create IMAGE ID)"
+    )]
+    NoSnapshot(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -129,6 +153,8 @@ impl Error {
                 _ => 500,
             },
             Error::Gateway(e) if e.is_invalid_argument() => 400,
+            Error::Registry { source, .. } => registry_status(source),
+            Error::HasTask(_) | Error::NoSnapshot(_) => 409,
             _ => 500,
         }
     }
@@ -136,6 +162,24 @@ impl Error {
     /// The process's exit code for this error (see the module docs).
     pub fn exit_code(&self) -> ExitCode {
         ExitCode::from(exit_code_of_status(self.status()))
+    }
+}
+
+/// The control API's status for a registry error (the shim answers the same for a push).
+fn registry_status(e: &belayer_registry::Error) -> u16 {
+    use belayer_registry::Error as R;
+    match e {
+        R::Reference { .. } | R::ReferenceDigest { .. } | R::Refused { .. } => 400,
+        R::Unauthorized { .. } | R::Credentials { .. } | R::Token { .. } => 409,
+        R::Transport { .. } => 503,
+        R::PullManifest { status: 404, .. } | R::PullBlob { status: 404, .. } => 404,
+        // Content that is not what its digest or manifest says: a corrupt checkpoint.
+        R::BlobDigest { .. }
+        | R::BlobSize { .. }
+        | R::BadManifest { .. }
+        | R::Layout { .. }
+        | R::Archive { .. } => 422,
+        _ => 500,
     }
 }
 

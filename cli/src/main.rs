@@ -1,5 +1,6 @@
 //! `belayer`, the Belayer command line: checkpoint, list, inspect, restore, fork and remove
-//! checkpoints of containers managed by containerd (any namespace, docker's `moby` too); hints;
+//! checkpoints of containers managed by containerd (any namespace, docker's `moby` too); push
+//! them to an OCI registry and pull them into a container on another node; hints;
 //! status and journal; the LLM gateway. Speaks each shim's control socket
 //! ([`belayer_api`]) and containerd's gRPC API. One file per verb under `commands/`; exit codes in
 //! [`error`].
@@ -116,6 +117,41 @@ enum Command {
         maps: Vec<(String, String)>,
         #[command(flatten)]
         limits: gateway::Limits,
+    },
+    /// Push a checkpoint (default: the newest) to an OCI registry: `belayer push CONTAINER
+    /// [CHECKPOINT] REF`, REF being `host[:port]/repository:tag`. Uploads only the blobs the
+    /// registry lacks; prints REF pinned to the manifest's digest, then the bytes uploaded and
+    /// skipped. Credentials: the docker config (`$DOCKER_CONFIG/config.json`, `~/.docker/config.json`).
+    Push {
+        container: String,
+        /// `[CHECKPOINT] REF`.
+        #[arg(num_args = 1..=2, required = true, value_names = ["CHECKPOINT", "REF"])]
+        args: Vec<String>,
+        /// Plain HTTP to a registry that is not on loopback (TLS is not implemented yet).
+        #[arg(long)]
+        plain_http: bool,
+        /// Print what was pushed as one JSON line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pull a checkpoint pushed with `belayer push` (REF `host[:port]/repository:tag` or
+    /// `…@sha256:…`) and restore it into a container created without a task (`--into`), or only
+    /// write its export to a directory (`--output`). It passes every check of an import.
+    Pull {
+        reference: String,
+        /// A container of Belayer's runtime with no task, created from the checkpointed
+        /// container's image (`ctr container create --runtime io.containerd.belayer.v1 …`).
+        #[arg(long, required_unless_present = "output", conflicts_with = "output")]
+        into: Option<String>,
+        /// A directory (which must not exist) to write the export into.
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Plain HTTP to a registry that is not on loopback (TLS is not implemented yet).
+        #[arg(long)]
+        plain_http: bool,
+        /// Print what was pulled as one JSON line.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the action journal: one action a line.
     Journal {

@@ -511,6 +511,20 @@ impl Containerd {
         )
     }
 
+    /// `sh -c SCRIPT` in container `id`'s task, as exec `exec_id`.
+    pub fn sh(&self, id: &str, exec_id: &str, script: &str) -> Out {
+        self.ctr(&[
+            "tasks",
+            "exec",
+            "--exec-id",
+            exec_id,
+            id,
+            "sh",
+            "-c",
+            script,
+        ])
+    }
+
     pub fn ctr_stdin(&self, args: &[&str], input: &[u8]) -> Out {
         run(
             &mut self.ctr_cmd(args),

@@ -160,6 +160,7 @@ enum Route {
     Hint,
     Status,
     Journal,
+    Push,
 }
 
 /// What `method path` asks of container `id`'s socket: a route, or the error it answers (404
@@ -182,6 +183,7 @@ fn parse_route(method: &str, path: &str, id: &str) -> Result<Route> {
         ("POST", ["v1", "containers", _, "hint"]) => Route::Hint,
         ("GET", ["v1", "containers", _, "status"]) => Route::Status,
         ("GET", ["v1", "containers", _, "journal"]) => Route::Journal,
+        ("POST", ["v1", "containers", _, "push"]) => Route::Push,
         _ => {
             return Err(Error::InvalidArgument(format!(
                 "no such request: {method} {path}"
@@ -225,6 +227,10 @@ async fn route(
             Ok(json(&status))
         }
         Route::Journal => Ok(json(&engine.journal(id).await?)),
+        Route::Push => {
+            let r: api::PushRequest = body(req)?;
+            Ok(json(&engine.push(id, r).await?))
+        }
     }
 }
 
@@ -273,6 +279,7 @@ mod tests {
             r("GET", "/v1/containers/c1/journal").unwrap(),
             Route::Journal
         );
+        assert_eq!(r("POST", "/v1/containers/c1/push").unwrap(), Route::Push);
     }
 
     #[test]

@@ -59,6 +59,13 @@ pub enum Error {
     Criu(#[from] VersionError),
     #[error(transparent)]
     Export(#[from] ExportError),
+    /// A push to a registry failed; `what` names the push, `source` the step.
+    #[error("{what}")]
+    Registry {
+        what: String,
+        #[source]
+        source: belayer_registry::Error,
+    },
     #[error(transparent)]
     CheckpointId(#[from] belayer_api::InvalidCheckpointId),
     #[error(transparent)]
@@ -267,6 +274,7 @@ impl Error {
             Error::Compact(_) => Kind::Unknown,
             Error::Criu(_) => Kind::FailedPrecondition,
             Error::Export(e) => e.kind(),
+            Error::Registry { source, .. } => registry_kind(source),
             Error::AlreadyExists(_) => Kind::AlreadyExists,
             Error::DiedDuringCheckpoint { .. } => Kind::FailedPrecondition,
             Error::FailedPrecondition(_) => Kind::FailedPrecondition,
@@ -331,6 +339,21 @@ fn restore_kind(e: &RestoreError) -> Kind {
             PrivilegeError::Image(_) => Kind::Corrupt,
             _ => Kind::FailedPrecondition,
         },
+        _ => Kind::Unknown,
+    }
+}
+
+fn registry_kind(e: &belayer_registry::Error) -> Kind {
+    use belayer_registry::Error as R;
+    match e {
+        R::Reference { .. } | R::ReferenceDigest { .. } | R::Refused { .. } => {
+            Kind::InvalidArgument
+        }
+        // The registry is there but will not have it: not now, or not with these credentials.
+        R::Unauthorized { .. } | R::Credentials { .. } | R::Token { .. } => {
+            Kind::FailedPrecondition
+        }
+        R::Transport { .. } => Kind::Unavailable,
         _ => Kind::Unknown,
     }
 }

@@ -214,19 +214,29 @@ fn private_file(path: &Path) -> Result<()> {
 /// The prefix of an import's staging directory in the store root; the shim's pid follows.
 const IMPORT_PREFIX: &str = ".tmp-import-";
 
-/// Removes the staging directories of imports whose shim is gone (it died mid-import).
-fn remove_dead_imports(root: &Path) {
+/// The staging directories in the store root that a process names by its pid after the
+/// prefix: an import's (a shim), a push's export (a shim), a pull's (the CLI).
+const STAGING_PREFIXES: [&str; 3] = [
+    IMPORT_PREFIX,
+    belayer_api::PUSH_STAGING_PREFIX,
+    belayer_api::PULL_STAGING_PREFIX,
+];
+
+/// Removes the staging directories (imports, pushes, pulls) whose process is gone (it died
+/// midway).
+pub fn remove_dead_staging(root: &Path) {
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix(IMPORT_PREFIX)
+        let pid = STAGING_PREFIXES
+            .iter()
+            .find_map(|p| name.strip_prefix(p))
             .and_then(|rest| rest.split('-').next())
             .and_then(|p| p.parse::<u32>().ok());
         if let Some(pid) = pid
             && !Path::new(&format!("/proc/{pid}")).exists()
         {
             log::info!(
-                "removing {}, left by an import that died",
+                "removing {}, left by an import, push or pull that died",
                 e.path().display()
             );
             let _ = std::fs::remove_dir_all(e.path());
@@ -337,7 +347,7 @@ pub fn import(
         }
     })?;
     // Unpacked beside the store's checkpoints, so that they move into place by rename.
-    remove_dead_imports(store.root());
+    remove_dead_staging(store.root());
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
@@ -555,16 +565,18 @@ mod tests {
             "{e}"
         );
 
-        // A staging directory of an import that died is cleared by the next one.
+        // A staging directory of an import, push or pull that died is cleared by the next one.
         let store = tempfile::tempdir().unwrap();
-        let dead = store.path().join(format!("{IMPORT_PREFIX}{}-1", u32::MAX));
-        let live = store
-            .path()
-            .join(format!("{IMPORT_PREFIX}{}-1", std::process::id()));
-        std::fs::create_dir_all(&dead).unwrap();
-        std::fs::create_dir_all(&live).unwrap();
-        remove_dead_imports(store.path());
-        assert!(!dead.exists() && live.exists());
+        for prefix in STAGING_PREFIXES {
+            let dead = store.path().join(format!("{prefix}{}-1", u32::MAX));
+            let live = store
+                .path()
+                .join(format!("{prefix}{}-1", std::process::id()));
+            std::fs::create_dir_all(&dead).unwrap();
+            std::fs::create_dir_all(&live).unwrap();
+            remove_dead_staging(store.path());
+            assert!(!dead.exists() && live.exists(), "{prefix}");
+        }
 
         // Something other than files beside it.
         std::fs::create_dir(export.path().join("sub")).unwrap();

@@ -7,6 +7,8 @@ mod gateway;
 mod hint;
 mod inspect;
 mod journal;
+mod pull;
+mod push;
 mod restore;
 mod rm;
 mod status;
@@ -100,6 +102,33 @@ pub fn run(cli: Cli) -> Result<()> {
             },
         ),
         Command::Status { container } => status::run(&cx, &container),
+        Command::Push {
+            container,
+            args,
+            plain_http,
+            json,
+        } => {
+            let (checkpoint, reference) = match args.as_slice() {
+                [reference] => (None, reference),
+                [checkpoint, reference] => (Some(checkpoint.as_str()), reference),
+                _ => unreachable!("clap takes 1 or 2 values"),
+            };
+            push::run(&cx, &container, checkpoint, reference, plain_http, json)
+        }
+        Command::Pull {
+            reference,
+            into,
+            output,
+            plain_http,
+            json,
+        } => {
+            let target = match (&into, &output) {
+                (Some(c), _) => pull::Target::Into(c),
+                (None, Some(dir)) => pull::Target::Output(dir),
+                (None, None) => unreachable!("clap requires --into or --output"),
+            };
+            pull::run(&cx, &reference, target, plain_http, json)
+        }
         Command::Journal { container, json } => journal::run(&cx, &container, json),
         Command::Gateway {
             listen,

@@ -41,10 +41,22 @@ impl Engine {
             return Err(Error::InvalidArgument("checkpoint: no image path".into()));
         }
         let info = self.checkpoint(id, opts.exit).await?;
+        let seq: u64 = info.id.parse().unwrap_or_default();
+        self.export_to(id, seq, dest, how).await
+    }
+
+    /// Writes checkpoint `seq` of container `id` (with its chain) to `dest` as an export, off
+    /// the runtime's threads; `dest`'s parent must exist.
+    pub(super) async fn export_to(
+        &self,
+        id: &str,
+        seq: u64,
+        dest: PathBuf,
+        how: Placing,
+    ) -> Result<()> {
         let store = self.store();
         let ns = self.namespace.clone();
         let cid = id.to_string();
-        let seq: u64 = info.id.parse().unwrap_or_default();
         tokio::task::spawn_blocking(move || {
             export(
                 &store,

@@ -10,6 +10,7 @@
 //! - [`retention`]: which automatic checkpoints go;
 //! - [`recovery`]: the restore of a container whose init died, and the journal's position;
 //! - [`import_export`]: containerd's checkpoint exports and their import;
+//! - [`push`]: a checkpoint pushed to an OCI registry;
 //! - [`status`]: what the control API reports of a container.
 //!
 //! It depends on the container and the primitives below it, never on the adapters above
@@ -20,6 +21,7 @@ mod auto;
 mod checkpoint;
 mod import_export;
 mod lifecycle;
+mod push;
 mod recovery;
 mod restore;
 mod retention;

@@ -101,16 +101,7 @@ pub fn init_pid(c: &Containerd, id: &str) -> Option<i32> {
 }
 
 fn exec(c: &Containerd, id: &str, exec_id: &str, script: &str) -> Out {
-    c.ctr(&[
-        "tasks",
-        "exec",
-        "--exec-id",
-        exec_id,
-        id,
-        "sh",
-        "-c",
-        script,
-    ])
+    c.sh(id, exec_id, script)
 }
 
 fn status(c: &Containerd, id: &str) -> Value {

@@ -1,0 +1,301 @@
+//! Checkpoints leave the node through a real OCI registry (issue 25): two "nodes" on this
+//! machine, each a containerd 2.x with its own root, state, namespace and Belayer store, and
+//! Debian's `docker-registry` on loopback with htpasswd authentication, credentials read from a
+//! docker config. A sandbox on node A is checkpointed twice and pushed after each checkpoint (the
+//! second push uploads only the new checkpoint's blobs, by the push's own count and by the
+//! registry's request log); node A is then killed whole (containerd, its shims, the container's
+//! processes) and its store made unreachable; node B pulls the newest pushed checkpoint by digest
+//! into a container of its own and the trajectory continues there, files and process memory.
+//! A wrong digest pin, missing credentials and a tampered blob are refused, each with one clear
+//! error, leaving nothing behind on node B.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use belayer_integration::{Containerd, Flavor, Out};
+use belayer_registry::testing::{PASSWORD, Registry, USER};
+use common::*;
+
+/// `belayer ARGS` on `node` with the docker config in `docker_config`.
+fn belayer_with(node: &Containerd, docker_config: &Path, args: &[&str]) -> Out {
+    let mut cmd = node.belayer_cmd(args);
+    cmd.env("DOCKER_CONFIG", docker_config);
+    belayer_integration::containerd::run(&mut cmd, None, Duration::from_secs(300))
+}
+
+/// The numbers in `/work/counter` of container `id`, complete lines only.
+fn counter(node: &Containerd, id: &str, exec_id: &str) -> Vec<u64> {
+    let out = node.sh(id, exec_id, "cat /work/counter");
+    assert_eq!(out.code, 0, "read the counter of {id}: {out:?}");
+    let text = out.stdout;
+    let complete = match text.rfind('\n') {
+        Some(i) => &text[..=i],
+        None => "",
+    };
+    complete
+        .lines()
+        .map(|l| l.trim().parse().expect("a number a line"))
+        .collect()
+}
+
+fn contiguous(v: &[u64]) -> bool {
+    v.iter().enumerate().all(|(i, n)| *n == i as u64 + 1)
+}
+
+/// Asserts a CLI failure: non-zero exit `code`, one line on stderr containing `needle`.
+#[track_caller]
+fn assert_refused(out: &Out, code: i32, needle: &str) {
+    assert_eq!(out.code, code, "{out:?}");
+    assert_eq!(out.stderr.lines().count(), 1, "{:?}", out.stderr);
+    assert!(
+        out.stderr.starts_with("belayer: ") && out.stderr.contains(needle),
+        "error {:?} does not say {needle:?}",
+        out.stderr
+    );
+}
+
+/// Asserts that a refused pull into `id` left nothing on `node`: no task, no checkpoint, no
+/// staging directory in the store.
+#[track_caller]
+fn assert_nothing_left(node: &Containerd, id: &str) {
+    assert_eq!(
+        task_status(node, id),
+        "ABSENT",
+        "a task of {id} was created"
+    );
+    assert!(
+        !node.checkpoints_dir(id).exists()
+            || std::fs::read_dir(node.checkpoints_dir(id)).unwrap().count() == 0,
+        "checkpoints of {id} were created"
+    );
+    let staging: Vec<String> = std::fs::read_dir(&node.store)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp-"))
+        .collect();
+    assert!(staging.is_empty(), "left in the store: {staging:?}");
+}
+
+/// `belayer push --json` on `node`, parsed.
+#[track_caller]
+fn push(node: &Containerd, docker: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["push", "--json"];
+    all.extend_from_slice(args);
+    let out = belayer_with(node, docker, &all);
+    assert_eq!(out.code, 0, "push {args:?}: {out:?}");
+    serde_json::from_str(out.stdout.trim()).expect("push JSON")
+}
+
+#[test]
+fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
+    let started = Instant::now();
+    let registry = Registry::start();
+    let scratch = Scratch::new("replicate");
+    let docker = scratch.path().join("docker");
+    registry.write_docker_config(&docker, USER, PASSWORD);
+    let no_credentials = scratch.path().join("no-docker");
+    std::fs::create_dir_all(&no_credentials).unwrap();
+    let repo = format!("{}/belayer/sandbox", registry.addr);
+
+    let a = Containerd::start(Flavor::V2);
+    let b = Containerd::start(Flavor::V2);
+    run_detached(&a, BELAYER, "sb", &["sh", "-c", COUNTER_LOOP]);
+    assert!(wait_until(Duration::from_secs(10), || {
+        a.sh("sb", "c0", "test -s /work/counter").code == 0
+    }));
+
+    // Checkpoint 1, pushed: all its blobs go up.
+    a.sh("sb", "w1", "echo one > /work/one").ok();
+    let cp1 = checkpoint(&a, "sb");
+    let p1 = push(&a, &docker, &["sb", &cp1, &format!("{repo}:cp-1")]);
+    assert_eq!(p1["checkpoint"], cp1.as_str());
+    assert_eq!(
+        (p1["uploaded"].as_u64(), p1["skipped"].as_u64()),
+        (Some(3), Some(0)),
+        "{p1}"
+    );
+    assert_eq!(registry.finished_uploads(), 3, "{p1}");
+
+    // Checkpoint 2 (the newest: no id given) on the same chain: only its own blobs go up.
+    a.sh("sb", "w2", "echo two > /work/two").ok();
+    let cp2 = checkpoint(&a, "sb");
+    let p2 = push(&a, &docker, &["sb", &format!("{repo}:cp-2")]);
+    assert_eq!(p2["checkpoint"], cp2.as_str());
+    assert_eq!(
+        (p2["uploaded"].as_u64(), p2["skipped"].as_u64()),
+        (Some(3), Some(2)),
+        "{p2}"
+    );
+    assert_eq!(
+        registry.finished_uploads(),
+        6,
+        "the registry saw more uploads than checkpoint 2's layer, images and config"
+    );
+    assert!(
+        p2["skipped_bytes"].as_u64() > Some(0)
+            && p2["uploaded_bytes"].as_u64() < p1["uploaded_bytes"].as_u64(),
+        "the second push sent checkpoint 1 again: {p1} then {p2}"
+    );
+    let pinned = p2["reference"].as_str().unwrap().to_string();
+    assert!(
+        pinned.starts_with(&format!("{repo}:cp-2@sha256:")),
+        "{pinned}"
+    );
+    // The container ran on through both pushes; a failed push (no credentials) leaves it so.
+    let refused = belayer_with(
+        &a,
+        &no_credentials,
+        &["push", "sb", &format!("{repo}:cp-x")],
+    );
+    assert_refused(&refused, 4, "no credentials");
+    assert_eq!(task_status(&a, "sb"), "RUNNING");
+    assert_eq!(
+        a.belayer(&["checkpoints", "sb"])
+            .ok()
+            .stdout
+            .lines()
+            .count(),
+        2
+    );
+    // Written after the last pushed checkpoint: lost with node A.
+    a.sh("sb", "w3", "echo three > /work/three").ok();
+
+    // Node A dies whole: its containerd, its shims, the container's processes; its store is
+    // gone.
+    let procs = std::fs::read_to_string(format!("/proc/{}/task/{0}/children", task_pid(&a, "sb")))
+        .unwrap_or_default();
+    let mut doomed: Vec<i64> = vec![task_pid(&a, "sb").parse().unwrap()];
+    doomed.extend(
+        procs
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i64>().ok()),
+    );
+    a.kill_daemon(a.pid());
+    for shim in a.shim_pids() {
+        let _ = belayer_integration::sigkill(shim.into());
+    }
+    for pid in doomed {
+        let _ = belayer_integration::sigkill(pid);
+    }
+    let lost = a.store.with_extension("lost");
+    std::fs::rename(&a.store, &lost).unwrap();
+
+    // Node B: a container of its own from the same image, no task yet.
+    let create = |id: &str| {
+        b.ctr(&[
+            "containers",
+            "create",
+            "--runtime",
+            BELAYER,
+            BUSYBOX,
+            id,
+            "sh",
+            "-c",
+            COUNTER_LOOP,
+        ])
+        .ok();
+    };
+    create("b1");
+    // A pin to a manifest the registry does not hold: refused before anything is created.
+    let wrong = format!("{repo}:cp-2@sha256:{}", "0".repeat(64));
+    let out = belayer_with(&b, &docker, &["pull", &wrong, "--into", "b1"]);
+    assert_refused(&out, 3, "404");
+    assert_nothing_left(&b, "b1");
+    // Without credentials: refused by the registry.
+    let out = belayer_with(&b, &no_credentials, &["pull", &pinned, "--into", "b1"]);
+    assert_refused(&out, 4, "no credentials");
+    assert_nothing_left(&b, "b1");
+
+    let pulled = Instant::now();
+    let out = belayer_with(&b, &docker, &["pull", &pinned, "--into", "b1", "--json"]);
+    assert_eq!(
+        out.code,
+        0,
+        "pull into b1: {out:?}\n{}",
+        b.log_lines("b1", 20)
+    );
+    let pull_s = pulled.elapsed().as_secs_f64();
+    let info: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(info["reference"], pinned.as_str());
+    assert_eq!(info["source_checkpoint"], cp2.as_str());
+    assert_eq!(info["container"], "b1");
+    assert_eq!(task_status(&b, "b1"), "RUNNING");
+    // Files as at checkpoint 2, the counter's memory and file from one instant, running on.
+    let files = b
+        .sh("b1", "f1", "cat /work/one /work/two; test ! -e /work/three")
+        .ok();
+    assert_eq!(files.stdout, "one\ntwo\n");
+    let first = counter(&b, "b1", "n1");
+    assert!(
+        contiguous(&first) && !first.is_empty(),
+        "counter on node B: …{:?}",
+        &first[first.len().saturating_sub(5)..]
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let later = counter(&b, "b1", "n2");
+            later.len() > first.len() && contiguous(&later)
+        }),
+        "the counter does not go on on node B"
+    );
+    // Node B's own store holds the chain, owned by b1; nothing staged is left.
+    assert_eq!(
+        b.belayer(&["checkpoints", "b1"])
+            .ok()
+            .stdout
+            .lines()
+            .count(),
+        2
+    );
+    let staging = std::fs::read_dir(&b.store)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+        .count();
+    assert_eq!(staging, 0);
+
+    // A blob altered in the registry's storage: refused as corrupt, nothing created.
+    create("b2");
+    let manifest_digest = pinned.rsplit_once('@').unwrap().1;
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            registry.blob_file(&belayer_registry::Digest::parse(manifest_digest).unwrap()),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let layer = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| {
+            l["annotations"]["io.belayer.checkpoint.seq"] == cp2.as_str()
+                && l["annotations"]["io.belayer.checkpoint.part"] == "criu"
+        })
+        .expect("checkpoint 2's images in the manifest");
+    let victim = registry
+        .blob_file(&belayer_registry::Digest::parse(layer["digest"].as_str().unwrap()).unwrap());
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let at = bytes.len() / 2;
+    bytes[at] ^= 0x01;
+    std::fs::write(&victim, &bytes).unwrap();
+    let out = belayer_with(&b, &docker, &["pull", &pinned, "--into", "b2"]);
+    assert_refused(&out, 5, "hashes to");
+    assert_nothing_left(&b, "b2");
+    assert_eq!(task_status(&b, "b1"), "RUNNING");
+
+    remove(&b, "b1");
+    b.ctr(&["containers", "rm", "b2"]).ok();
+    let _ = std::fs::remove_dir_all(&lost);
+    eprintln!(
+        "replicate: push 1 {} B up, push 2 {} B up and {} B skipped, pull + restore on node B {pull_s:.2} s, whole test {:.1} s",
+        p1["uploaded_bytes"],
+        p2["uploaded_bytes"],
+        p2["skipped_bytes"],
+        started.elapsed().as_secs_f64()
+    );
+}
