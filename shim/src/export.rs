@@ -77,9 +77,11 @@ pub enum Placing {
 /// - [`Placing::Take`]: `ctrd-checkpoint*` directly under `$XDG_RUNTIME_DIR`, or the temporary
 ///   directory without it (containerd's `os.MkdirTemp(os.Getenv("XDG_RUNTIME_DIR"),
 ///   "ctrd-checkpoint")`; the shim runs in containerd's environment), never removed;
-/// - [`Placing::Link`]: CRI's `…/ctrd-restore/checkpoint`, removed by CRI after the start;
+/// - [`Placing::Link`]: CRI's `…/ctrd-restore/checkpoint`, removed by CRI after the start, and
+///   `belayer pull`'s `export` in its staging dir directly in the store root `store_root`,
+///   removed by the CLI after the create;
 /// - [`Placing::Copy`]: any other.
-pub fn placing_for(path: &Path) -> Placing {
+pub fn placing_for(path: &Path, store_root: &Path) -> Placing {
     let tmp = std::env::var_os("XDG_RUNTIME_DIR")
         .filter(|d| !d.is_empty())
         .map_or_else(std::env::temp_dir, PathBuf::from);
@@ -89,9 +91,13 @@ pub fn placing_for(path: &Path) -> Placing {
             .unwrap_or_default()
             .to_string()
     };
+    let cri_restore = name(Some(path)) == "checkpoint" && name(path.parent()) == "ctrd-restore";
+    let pull = name(Some(path)) == "export"
+        && name(path.parent()).starts_with(belayer_api::PULL_STAGING_PREFIX)
+        && path.parent().and_then(Path::parent) == Some(store_root);
     if path.parent() == Some(tmp.as_path()) && name(Some(path)).starts_with("ctrd-checkpoint") {
         Placing::Take
-    } else if name(Some(path)) == "checkpoint" && name(path.parent()) == "ctrd-restore" {
+    } else if cri_restore || pull {
         Placing::Link
     } else {
         Placing::Copy
@@ -433,22 +439,37 @@ mod tests {
         let tmp = std::env::var_os("XDG_RUNTIME_DIR")
             .filter(|d| !d.is_empty())
             .map_or_else(std::env::temp_dir, PathBuf::from);
-        assert_eq!(placing_for(&tmp.join("ctrd-checkpoint123")), Placing::Take);
+        let store = Path::new("/var/lib/belayer");
         assert_eq!(
-            placing_for(&tmp.join("sub/ctrd-checkpoint123")),
+            placing_for(&tmp.join("ctrd-checkpoint123"), store),
+            Placing::Take
+        );
+        assert_eq!(
+            placing_for(&tmp.join("sub/ctrd-checkpoint123"), store),
             Placing::Copy
         );
         assert_eq!(
-            placing_for(Path::new(
-                "/var/lib/containerd/io.containerd.grpc.v1.cri/containers/abc/ctrd-restore/checkpoint"
-            )),
+            placing_for(
+                Path::new(
+                    "/var/lib/containerd/io.containerd.grpc.v1.cri/containers/abc/ctrd-restore/checkpoint"
+                ),
+                store
+            ),
             Placing::Link
         );
         assert_eq!(
-            placing_for(Path::new("/home/me/ctrd-restore/checkpoints")),
+            placing_for(Path::new("/home/me/ctrd-restore/checkpoints"), store),
             Placing::Copy
         );
-        assert_eq!(placing_for(Path::new("/srv/export")), Placing::Copy);
+        assert_eq!(placing_for(Path::new("/srv/export"), store), Placing::Copy);
+        // A pull's staging dir in this store, and only there.
+        let pulled = store.join(format!("{}1-2/export", belayer_api::PULL_STAGING_PREFIX));
+        assert_eq!(placing_for(&pulled, store), Placing::Link);
+        assert_eq!(placing_for(&pulled, Path::new("/other")), Placing::Copy);
+        assert_eq!(
+            placing_for(&store.join(".tmp-import-1-2/export"), store),
+            Placing::Copy
+        );
     }
 
     /// The container importing in the tests: `default/importer` on the image `lowers`.

@@ -91,7 +91,7 @@ impl Engine {
             limits: self.settings.import.clone(),
         };
         tokio::task::spawn_blocking(move || {
-            let how = placing_for(&path);
+            let how = placing_for(&path, store.root());
             let found = import(&store, &path, how, &crate::reaper::ReaperSpawner, &owner)?;
             if how == Placing::Take
                 && matches!(found, Imported::Belayer(_))
