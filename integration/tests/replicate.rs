@@ -7,14 +7,16 @@
 //! processes) and its store made unreachable; node B pulls the newest pushed checkpoint by digest
 //! into a container of its own and the trajectory continues there, files and process memory.
 //! A wrong digest pin, missing credentials and a tampered blob are refused, each with one clear
-//! error, leaving nothing behind on node B.
+//! error, leaving nothing behind on node B. The reference episode's Python sandbox makes the same
+//! trip: its filesystem tree and a 64 MB process's memory arrive intact.
 
 mod common;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use belayer_integration::{Containerd, Flavor, Out};
+use belayer_integration::episode::{self, Sandbox, is_contiguous};
+use belayer_integration::{Containerd, Flavor, Out, prereq};
 use belayer_registry::testing::{PASSWORD, Registry, USER};
 use common::*;
 
@@ -25,23 +27,38 @@ fn belayer_with(node: &Containerd, docker_config: &Path, args: &[&str]) -> Out {
     belayer_integration::containerd::run(&mut cmd, None, Duration::from_secs(300))
 }
 
-/// The numbers in `/work/counter` of container `id`, complete lines only.
-fn counter(node: &Containerd, id: &str, exec_id: &str) -> Vec<u64> {
-    let out = node.sh(id, exec_id, "cat /work/counter");
-    assert_eq!(out.code, 0, "read the counter of {id}: {out:?}");
-    let text = out.stdout;
-    let complete = match text.rfind('\n') {
-        Some(i) => &text[..=i],
-        None => "",
-    };
-    complete
-        .lines()
-        .map(|l| l.trim().parse().expect("a number a line"))
-        .collect()
+/// Kills node `a` whole, as a node loss does: the processes of its container `id` (all of them:
+/// its init is its PID namespace's init), its shims and containerd; its store moves out of reach
+/// (`<store>.lost`, returned, for the caller to remove).
+fn kill_node(a: &Containerd, id: &str) -> std::path::PathBuf {
+    let init: i64 = task_pid(a, id).parse().expect("the container's init pid");
+    a.kill_daemon(a.pid());
+    for shim in a.shim_pids() {
+        let _ = belayer_integration::sigkill(shim.into());
+    }
+    let _ = belayer_integration::sigkill(init);
+    assert!(
+        wait_until(Duration::from_secs(10), || !Path::new(&format!(
+            "/proc/{init}"
+        ))
+        .exists()
+            || std::fs::read_to_string(format!("/proc/{init}/stat"))
+                .is_ok_and(|s| s.contains(") Z "))),
+        "the container's init {init} outlived its node"
+    );
+    let lost = a.store.with_extension("lost");
+    std::fs::rename(&a.store, &lost).expect("move node A's store away");
+    lost
 }
 
-fn contiguous(v: &[u64]) -> bool {
-    v.iter().enumerate().all(|(i, n)| *n == i as u64 + 1)
+/// A registry with htpasswd auth and two docker configs: one with its credentials, one empty.
+fn registry_and_configs(scratch: &Scratch) -> (Registry, std::path::PathBuf, std::path::PathBuf) {
+    let registry = Registry::start();
+    let docker = scratch.path().join("docker");
+    registry.write_docker_config(&docker, USER, PASSWORD);
+    let none = scratch.path().join("no-docker");
+    std::fs::create_dir_all(&none).unwrap();
+    (registry, docker, none)
 }
 
 /// Asserts a CLI failure: non-zero exit `code`, one line on stderr containing `needle`.
@@ -93,12 +110,8 @@ fn push(node: &Containerd, docker: &Path, args: &[&str]) -> serde_json::Value {
 #[test]
 fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
     let started = Instant::now();
-    let registry = Registry::start();
     let scratch = Scratch::new("replicate");
-    let docker = scratch.path().join("docker");
-    registry.write_docker_config(&docker, USER, PASSWORD);
-    let no_credentials = scratch.path().join("no-docker");
-    std::fs::create_dir_all(&no_credentials).unwrap();
+    let (registry, docker, no_credentials) = registry_and_configs(&scratch);
     let repo = format!("{}/belayer/sandbox", registry.addr);
 
     let a = Containerd::start(Flavor::V2);
@@ -166,23 +179,7 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
 
     // Node A dies whole: its containerd, its shims, the container's processes; its store is
     // gone.
-    let procs = std::fs::read_to_string(format!("/proc/{}/task/{0}/children", task_pid(&a, "sb")))
-        .unwrap_or_default();
-    let mut doomed: Vec<i64> = vec![task_pid(&a, "sb").parse().unwrap()];
-    doomed.extend(
-        procs
-            .split_whitespace()
-            .filter_map(|p| p.parse::<i64>().ok()),
-    );
-    a.kill_daemon(a.pid());
-    for shim in a.shim_pids() {
-        let _ = belayer_integration::sigkill(shim.into());
-    }
-    for pid in doomed {
-        let _ = belayer_integration::sigkill(pid);
-    }
-    let lost = a.store.with_extension("lost");
-    std::fs::rename(&a.store, &lost).unwrap();
+    let lost = kill_node(&a, "sb");
 
     // Node B: a container of its own from the same image, no task yet.
     let create = |id: &str| {
@@ -229,16 +226,17 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
         .sh("b1", "f1", "cat /work/one /work/two; test ! -e /work/three")
         .ok();
     assert_eq!(files.stdout, "one\ntwo\n");
-    let first = counter(&b, "b1", "n1");
+    let b1 = Sandbox::attach(&b, "b1");
+    let first = b1.counter();
     assert!(
-        contiguous(&first) && !first.is_empty(),
+        is_contiguous(&first) && !first.is_empty(),
         "counter on node B: …{:?}",
         &first[first.len().saturating_sub(5)..]
     );
     assert!(
         wait_until(Duration::from_secs(10), || {
-            let later = counter(&b, "b1", "n2");
-            later.len() > first.len() && contiguous(&later)
+            let later = b1.counter();
+            later.len() > first.len() && is_contiguous(&later)
         }),
         "the counter does not go on on node B"
     );
@@ -297,5 +295,73 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
         p2["uploaded_bytes"],
         p2["skipped_bytes"],
         started.elapsed().as_secs_f64()
+    );
+}
+
+/// The reference episode's sandbox (Debian + Python: a pip install, edits, metadata of every
+/// kind, a 64 MB process of known bytes, a counter) pushed after two checkpoints, its node lost,
+/// pulled on node B: the filesystem tree as at the newest pushed checkpoint, the process's memory
+/// and the counter intact. Prints the push and pull figures.
+#[test]
+fn the_reference_episode_continues_on_another_node() {
+    let scratch = Scratch::new("replicate-episode");
+    let (registry, docker, _) = registry_and_configs(&scratch);
+    let repo = format!("{}/belayer/episode", registry.addr);
+    let a = Containerd::start(Flavor::V2);
+    let b = Containerd::start(Flavor::V2);
+    let s = Sandbox::start(&a, BELAYER, "episode");
+    s.run(&episode::actions(64));
+    let cp1 = checkpoint(&a, "episode");
+    let t = Instant::now();
+    let p1 = push(&a, &docker, &["episode", &cp1, &format!("{repo}:cp-1")]);
+    let push1_s = t.elapsed().as_secs_f64();
+    s.run(&episode::more_changes());
+    let at_cp2 = s.tree();
+    let cp2 = checkpoint(&a, "episode");
+    let t = Instant::now();
+    let p2 = push(&a, &docker, &["episode", &format!("{repo}:cp-2")]);
+    let push2_s = t.elapsed().as_secs_f64();
+    assert_eq!(p2["uploaded"].as_u64(), Some(3), "{p2}");
+    assert!(p2["skipped"].as_u64() >= Some(2), "{p2}");
+    let lost = kill_node(&a, "episode");
+
+    b.import(&prereq::image("sandbox.tar"));
+    b.ctr(&[
+        "containers",
+        "create",
+        "--runtime",
+        BELAYER,
+        episode::SANDBOX,
+        "episode-b",
+        "sleep",
+        "infinity",
+    ])
+    .ok();
+    let t = Instant::now();
+    let pinned = p2["reference"].as_str().unwrap();
+    let out = belayer_with(&b, &docker, &["pull", pinned, "--into", "episode-b"]);
+    let pull_s = t.elapsed().as_secs_f64();
+    assert_eq!(
+        out.code,
+        0,
+        "pull: {out:?}\n{}",
+        b.log_lines("episode-b", 20)
+    );
+    let moved = Sandbox::attach(&b, "episode-b");
+    assert_same_tree("node B", &at_cp2, &moved.tree());
+    assert_processes_intact(&moved);
+    assert_eq!(
+        moved
+            .exec("test ! -e /work/dist/none && cat /work/main.py", None)
+            .stdout,
+        "changed\n"
+    );
+    remove(&b, "episode-b");
+    let _ = std::fs::remove_dir_all(&lost);
+    eprintln!(
+        "replicate episode: checkpoint {cp1} push {:.1} MB in {push1_s:.2} s; checkpoint {cp2} push {:.1} MB up, {:.1} MB skipped in {push2_s:.2} s; pull + restore on node B {pull_s:.2} s",
+        p1["uploaded_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+        p2["uploaded_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
+        p2["skipped_bytes"].as_u64().unwrap_or(0) as f64 / 1e6,
     );
 }
