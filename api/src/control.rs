@@ -104,6 +104,10 @@ pub struct PushInfo {
     /// Blobs the registry had already (older members of the chain) and their bytes.
     pub skipped: usize,
     pub skipped_bytes: u64,
+    /// Actions the container had completed at the checkpoint's instant (its journal), carried
+    /// in the artifact for the pulling node to report.
+    #[serde(default)]
+    pub journal_position: Option<u64>,
     /// Export into a private directory, and the push (split into blobs, upload), milliseconds.
     pub export_ms: u64,
     pub push_ms: u64,

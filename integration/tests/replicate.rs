@@ -154,6 +154,11 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
         "the second push sent checkpoint 1 again: {p1} then {p2}"
     );
     let pinned = p2["reference"].as_str().unwrap().to_string();
+    // The artifact carries the journal position: the execs completed at checkpoint 2 (none ran
+    // since).
+    let actions = status(&a, "sb")["actions"].as_u64();
+    assert!(actions >= Some(3), "{actions:?}");
+    assert_eq!(p2["journal_position"].as_u64(), actions, "{p2}");
     assert!(
         pinned.starts_with(&format!("{repo}:cp-2@sha256:")),
         "{pinned}"
@@ -220,6 +225,11 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
     assert_eq!(info["reference"], pinned.as_str());
     assert_eq!(info["source_checkpoint"], cp2.as_str());
     assert_eq!(info["container"], "b1");
+    assert_eq!(info["journal_position"].as_u64(), actions);
+    // The agent loop learns on node B which actions the environment reflects.
+    let position = &status(&b, "b1")["position"];
+    assert_eq!(position["checkpoint"], cp2.as_str(), "{position}");
+    assert_eq!(position["action"].as_u64(), actions, "{position}");
     assert_eq!(task_status(&b, "b1"), "RUNNING");
     // Files as at checkpoint 2, the counter's memory and file from one instant, running on.
     let files = b

@@ -74,6 +74,11 @@ pub struct CheckpointConfig {
     pub members: Vec<u64>,
     /// The newest checkpoint's `manifest.json` (Belayer's checkpoint manifest).
     pub manifest: serde_json::Value,
+    /// Actions (execs) the container had completed at the newest checkpoint's instant, from
+    /// its action journal: what the agent loop is told after a pull restores it. Absent when
+    /// the pushing node's journal has no position for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub journal_position: Option<u64>,
 }
 
 /// Which part of a chain member a blob holds.
@@ -142,6 +147,13 @@ pub struct ArchiveParts {
 }
 
 impl ArchiveParts {
+    /// Records the journal position of the newest checkpoint in the config (which an export
+    /// does not carry: the journal lives beside the store).
+    pub fn set_journal_position(&mut self, position: Option<u64>) {
+        self.config.journal_position = position;
+        self.config_bytes = serde_json::to_vec(&self.config).expect("a config serializes");
+    }
+
     /// The config blob's descriptor.
     pub fn config_descriptor(&self) -> Descriptor {
         Descriptor {
@@ -313,6 +325,7 @@ pub fn archive_parts(export: &Path, work: &Path) -> Result<ArchiveParts, Error> 
         newest,
         members: members.iter().map(|(s, _)| *s).collect(),
         manifest: newest_manifest.unwrap_or_default(),
+        journal_position: None,
     };
     let config_bytes = serde_json::to_vec(&config).expect("a config serializes");
     Ok(ArchiveParts {

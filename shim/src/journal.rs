@@ -23,7 +23,7 @@ fn now_ms() -> u64 {
 /// Suffix of a container's journal file of entries, one a line.
 const ENTRIES: &str = ".jsonl";
 /// Suffix of a container's journal file of checkpoint positions.
-const POSITIONS: &str = ".checkpoints.json";
+const POSITIONS: &str = belayer_api::journal::POSITIONS_SUFFIX;
 
 /// A container's journal, in memory and on disk.
 pub struct Journal {

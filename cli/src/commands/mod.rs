@@ -21,11 +21,13 @@ use crate::control::Control;
 use crate::error::{Error, Result};
 use crate::{Cli, Command};
 
-/// What every verb may use: the namespace, containerd, the node's store.
+/// What every verb may use: the namespace, containerd, the node's store and the namespace's
+/// action journals.
 pub struct Context {
     pub namespace: String,
     pub containerd: Containerd,
     pub store: Store,
+    pub journals: std::path::PathBuf,
 }
 
 impl Context {
@@ -63,6 +65,7 @@ pub fn run(cli: Cli) -> Result<()> {
     let settings = Settings::load()?;
     let cx = Context {
         containerd: Containerd::new(&cli.address, &cli.namespace),
+        journals: settings.journals(&cli.namespace),
         namespace: cli.namespace,
         store: settings.store(),
     };

@@ -8,10 +8,15 @@
 //! then a task is created from that directory the way CRI restores from a path, so the shim
 //! imports it with every check of an import and restores it; the directory goes afterwards,
 //! whatever happened. `--output` only rebuilds the export into DIR (which must not exist).
-//! A pull that fails leaves nothing behind: no directory, no task, no checkpoint.
+//! The artifact's journal position (actions completed at the checkpoint's instant) is written
+//! into CONTAINER's journal positions first, so that the restore reports it (`belayer status`:
+//! "checkpoint N, taken after action k"); the actions themselves stay in the pushing node's
+//! journal, so there is nothing to replay. A pull that fails leaves nothing behind: no
+//! directory, no task, no checkpoint, no position.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::DirBuilderExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use belayer_api::PULL_STAGING_PREFIX;
 use belayer_registry::checkpoint::{PullLimits, PulledCheckpoint, pull_to_archive};
@@ -94,13 +99,77 @@ pub fn run(
                 })?;
             let _remove = RemoveOnDrop(staging.clone());
             let pulled = pull(&staging.join("export"))?;
+            // Read by the shim when it creates the task: the restore then reports which actions
+            // the environment reflects, as after a restore on the pushing node.
+            let mut seeded = pulled
+                .config
+                .journal_position
+                .map(|k| SeededPosition::write(&cx.journals, container, pulled.config.newest, k))
+                .transpose()?;
             cx.containerd
                 .create_from_checkpoint_dir(container, &pulled.dir)?;
+            if let Some(s) = seeded.as_mut() {
+                s.keep = true;
+            }
             let newest = cx.store.list(&cx.namespace, container)?.last().copied();
             print(json, &pulled, Some(container), newest);
         }
     }
     Ok(())
+}
+
+/// A pulled checkpoint's journal position written into the pulling container's positions file
+/// (`belayer_api::journal::positions_path`); the file is put back as it was when dropped unless
+/// `keep` (the task was created).
+struct SeededPosition {
+    path: PathBuf,
+    before: Option<Vec<u8>>,
+    keep: bool,
+}
+
+impl SeededPosition {
+    fn write(journals: &Path, container: &str, seq: u64, position: u64) -> Result<Self> {
+        let path = belayer_api::journal::positions_path(journals, container);
+        let fail = |source| Error::PullStaging {
+            path: path.clone(),
+            source,
+        };
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(journals)
+            .map_err(fail)?;
+        let before = match std::fs::read(&path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(fail(e)),
+        };
+        // A file from an earlier container of this id is kept but for this checkpoint's entry.
+        let mut positions: BTreeMap<u64, u64> = before
+            .as_deref()
+            .and_then(|b| serde_json::from_slice(b).ok())
+            .unwrap_or_default();
+        positions.insert(seq, position);
+        let bytes = serde_json::to_vec(&positions).unwrap_or_default();
+        std::fs::write(&path, bytes).map_err(fail)?;
+        Ok(Self {
+            path,
+            before,
+            keep: false,
+        })
+    }
+}
+
+impl Drop for SeededPosition {
+    fn drop(&mut self) {
+        if self.keep {
+            return;
+        }
+        let _ = match &self.before {
+            Some(bytes) => std::fs::write(&self.path, bytes),
+            None => std::fs::remove_file(&self.path),
+        };
+    }
 }
 
 /// The pinned reference and what it holds (as JSON with `--json`).
@@ -112,6 +181,7 @@ fn print(json: bool, pulled: &PulledCheckpoint, container: Option<&str>, checkpo
             "source": format!("{}/{}", pulled.config.namespace, pulled.config.container),
             "source_checkpoint": pulled.config.newest.to_string(),
             "chain": pulled.config.members.iter().map(u64::to_string).collect::<Vec<_>>(),
+            "journal_position": pulled.config.journal_position,
             "container": container,
             "checkpoint": checkpoint.map(|c| c.to_string()),
             "dir": container.is_none().then(|| pulled.dir.display().to_string()),

@@ -149,7 +149,19 @@ fn a_manifest_lists_per_member_its_layer_then_its_images() {
         newest: 2,
         members: vec![2, 1],
         manifest: serde_json::Value::Null,
+        journal_position: Some(4),
     };
+    // The position round-trips; a config without one (an older pusher's) still reads.
+    let bytes = serde_json::to_vec(&config).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<CheckpointConfig>(&bytes).unwrap(),
+        config
+    );
+    let older: CheckpointConfig = serde_json::from_str(
+        r#"{"format":1,"namespace":"ns","container":"c","newest":2,"members":[2,1],"manifest":null}"#,
+    )
+    .unwrap();
+    assert_eq!(older.journal_position, None);
     let manifest =
         |layers: Vec<Descriptor>| Manifest::new(ARTIFACT_TYPE, descriptor(0, Part::Layer), layers);
     let ok = manifest(vec![

@@ -2,7 +2,8 @@
 //! the format). The checkpoint is exported into a private directory in the store root under the
 //! store's lease on its chain, so retention and `belayer rm` cannot take a member while it is
 //! read; its CRIU images are hardlinked (a checkpoint's files never change), the chain archived.
-//! The push then reads only that directory: the container runs on, checkpoints and restores as
+//! The artifact's config also carries the checkpoint's journal position. The push then reads
+//! only that directory: the container runs on, checkpoints and restores as
 //! usual, and a failed push leaves it and its checkpoints as they were.
 
 use std::os::unix::fs::DirBuilderExt;
@@ -74,14 +75,26 @@ impl Engine {
             .await?;
         let export_ms = started.elapsed().as_millis() as u64;
         let pushing = Instant::now();
-        let report = belayer_registry::checkpoint::push_export(
-            &client,
-            &reference,
-            &exported,
-            &exported.with_file_name("blobs"),
-        )
-        .await
-        .map_err(registry_error)?;
+        // The journal position goes in the artifact's config: the pulling node reports it.
+        let journal_position =
+            crate::journal::Journal::open(self.settings.journals(&self.namespace), id)
+                .positions
+                .get(&seq)
+                .copied();
+        let blobs = exported.with_file_name("blobs");
+        let parts = {
+            let (exported, blobs) = (exported.clone(), blobs.clone());
+            tokio::task::spawn_blocking(move || {
+                belayer_registry::checkpoint::archive_parts(&exported, &blobs)
+            })
+            .await
+            .map_err(crate::error::task("split the export into blobs"))?
+        };
+        let mut parts = parts.map_err(registry_error)?;
+        parts.set_journal_position(journal_position);
+        let report = belayer_registry::checkpoint::push_archive_parts(&client, &reference, &parts)
+            .await
+            .map_err(registry_error)?;
         let info = PushInfo {
             container: id.to_string(),
             checkpoint: seq.to_string(),
@@ -91,6 +104,7 @@ impl Engine {
             uploaded_bytes: report.uploaded_bytes,
             skipped: report.skipped.len(),
             skipped_bytes: report.skipped_bytes,
+            journal_position,
             export_ms,
             push_ms: pushing.elapsed().as_millis() as u64,
         };
