@@ -135,6 +135,11 @@ impl Docker {
         run(&mut self.cmd(args), Some(input), Duration::from_secs(120))
     }
 
+    /// dockerd's pid (a test that loses the node kills it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The full id of container `name`: its containerd container id in namespace `moby`.
     #[track_caller]
     pub fn id(&self, name: &str) -> String {
