@@ -179,6 +179,11 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
         &["push", "sb", &format!("{repo}:cp-x")],
     );
     assert_refused(&refused, 4, "no credentials");
+    // Nor does a push of a checkpoint that is not there, or to a reference that is not one.
+    let missing = belayer_with(&a, &docker, &["push", "sb", "99", &format!("{repo}:cp-x")]);
+    assert_refused(&missing, 3, "99");
+    let bad = belayer_with(&a, &docker, &["push", "sb", "no-registry-host"]);
+    assert_refused(&bad, 8, "no registry host");
     assert_eq!(task_status(&a, "sb"), "RUNNING");
     assert_eq!(
         a.belayer(&["checkpoints", "sb"])
@@ -211,11 +216,22 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
         .ok();
     };
     create("b1");
+    run_detached(&b, BELAYER, "b1-running", &["sleep", "1000"]);
     // A pin to a manifest the registry does not hold: refused before anything is created.
     let wrong = format!("{repo}:cp-2@sha256:{}", "0".repeat(64));
     let out = belayer_with(&b, &docker, &["pull", &wrong, "--into", "b1"]);
     assert_refused(&out, 3, "404");
     assert_nothing_left(&b, "b1");
+    // A registry off loopback in plain HTTP, not allowed (no --plain-http).
+    let out = belayer_with(
+        &b,
+        &docker,
+        &["pull", "10.0.0.1:5000/x/y:z", "--into", "b1"],
+    );
+    assert_refused(&out, 8, "loopback");
+    // Into a container that already has a task.
+    let out = belayer_with(&b, &docker, &["pull", &pinned, "--into", "b1-running"]);
+    assert_refused(&out, 4, "already has a task");
     // Without credentials: refused by the registry.
     let out = belayer_with(&b, &no_credentials, &["pull", &pinned, "--into", "b1"]);
     assert_refused(&out, 4, "no credentials");
@@ -306,6 +322,7 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
     assert_eq!(task_status(&b, "b1"), "RUNNING");
 
     remove(&b, "b1");
+    remove(&b, "b1-running");
     b.ctr(&["containers", "rm", "b2"]).ok();
     let _ = std::fs::remove_dir_all(&lost);
     eprintln!(
