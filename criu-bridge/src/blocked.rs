@@ -12,15 +12,18 @@
 //! really blocked), [`vfork_waiter`] once frozen (the freezer reports frozen tasks as `D` too,
 //! but a vfork wait keeps its kernel function).
 //!
-//! Two more kinds CRIU cannot take from a frozen container here, found by [`unsupported_task`]
-//! before anything is frozen:
+//! Two more kinds CRIU cannot take from a frozen container as runc has it dump:
 //!
-//! - a task of another tracer (a debugger, `strace`): CRIU's `PTRACE_SEIZE` fails;
+//! - a task of another tracer (a debugger, `strace`): CRIU's `PTRACE_SEIZE` fails. Found by
+//!   [`traced_task`] before anything is frozen, and refused;
 //! - under the cgroup v1 freezer, a stopped task (SIGSTOP, SIGTSTP, job control): the kernel's
 //!   `PTRACE_SEIZE` of a stopped task waits for it to re-enter its stop as a ptrace trap, which a
 //!   task frozen by the v1 freezer never does. CRIU waits in the kernel, the container frozen,
-//!   for as long as nobody thaws it. The cgroup v2 freezer lets the trap happen: CRIU records
-//!   the task as stopped and a restore stops it again.
+//!   for as long as nobody thaws it. Found by [`stopped_task`] once frozen; the checkpoint then
+//!   has CRIU seize the tasks one by one instead ([`crate::runc::Seize::OneByOne`]), which
+//!   [`outside_tree`] tells apart from a container where that would let an exec'd process run
+//!   through the dump. The cgroup v2 freezer lets the trap happen: CRIU records the task as
+//!   stopped and a restore stops it again.
 
 use std::path::Path;
 
@@ -87,19 +90,49 @@ fn is_stopped(state: char, wchan: &str) -> bool {
 }
 
 /// The first task of the container whose init is `init` — every task of its PID namespace,
-/// exec'd processes included, which CRIU's freezer-cgroup seize meets too — that CRIU cannot
-/// checkpoint from a frozen container: one traced by another process, or, when `freezer_v1`, a
-/// stopped one. A container that shares the host's PID namespace is looked at through init's
-/// tree.
-pub fn unsupported_task(init: i32, freezer_v1: bool) -> Option<BlockedTask> {
+/// exec'd processes included, which CRIU's freezer-cgroup seize meets too — that another
+/// process traces: CRIU cannot checkpoint it. A container that shares the host's PID namespace
+/// is looked at through init's tree.
+pub fn traced_task(init: i32) -> Option<BlockedTask> {
+    in_container(init, &|_, _, tracer| tracer != 0)
+}
+
+/// The first task of the container whose init is `init` (as [`traced_task`] looks) that is
+/// stopped by a signal or job control, frozen or not.
+pub fn stopped_task(init: i32) -> Option<BlockedTask> {
+    in_container(init, &|state, wchan, _| is_stopped(state, wchan))
+}
+
+/// The first task of the container whose init is `init` that `pred(state, wchan, tracer)`
+/// accepts.
+fn in_container(init: i32, pred: &impl Fn(char, &str, i32) -> bool) -> Option<BlockedTask> {
     let proc = Path::new("/proc");
-    let pred = |state: char, wchan: &str, tracer: i32| {
-        tracer != 0 || (freezer_v1 && is_stopped(state, wchan))
-    };
     match namespace_peers(proc, init) {
-        Some(pids) => pids.into_iter().find_map(|pid| look(proc, pid, &pred)),
-        None => find_in_tree(proc, init, |s, w, t| pred(s, w, t)),
+        Some(pids) => pids.into_iter().find_map(|pid| look(proc, pid, pred)),
+        None => find_in_tree(proc, init, pred),
     }
+}
+
+/// The first of `tasks` (thread ids, those of the container's freezer cgroup) that is not a
+/// thread of `init` or of its descendants: a process exec'd into the container, which CRIU's
+/// dump of init's tree does not hold. A task gone meanwhile is skipped.
+pub fn outside_tree(init: i32, tasks: &[i32]) -> Option<BlockedTask> {
+    let proc = Path::new("/proc");
+    let tree = tree_threads(proc, init);
+    tasks
+        .iter()
+        .filter(|t| !tree.contains(t))
+        .find_map(|&tid| read_task(&proc.join(tid.to_string()), tid))
+}
+
+/// The threads of `init` and of its descendants.
+fn tree_threads(proc: &Path, init: i32) -> std::collections::HashSet<i32> {
+    let mut threads = std::collections::HashSet::new();
+    walk_tree(proc, init, &mut |tid, _| {
+        threads.insert(tid);
+        false
+    });
+    threads
 }
 
 /// Does runc freeze containers with the cgroup v1 freezer here (no unified hierarchy at
@@ -192,6 +225,17 @@ fn find_in_tree(
     init: i32,
     pred: impl Fn(char, &str, i32) -> bool,
 ) -> Option<BlockedTask> {
+    let mut found = None;
+    walk_tree(proc, init, &mut |tid, dir| {
+        found = read_task(dir, tid).filter(|t| pred(t.state, &t.wchan, t.tracer));
+        found.is_some()
+    });
+    found
+}
+
+/// Calls `visit(tid, its /proc dir)` on the threads of `init` and its descendants (through each
+/// thread's `children`) until it returns true.
+fn walk_tree(proc: &Path, init: i32, visit: &mut impl FnMut(i32, &Path) -> bool) {
     let mut pending = vec![init];
     // A tree that forks faster than the walk reads must not keep it going.
     let mut visited = 0usize;
@@ -208,10 +252,8 @@ fn find_in_tree(
             let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
                 continue;
             };
-            if let Some(task) = read_task(&dir, tid)
-                && pred(task.state, &task.wchan, task.tracer)
-            {
-                return Some(task);
+            if visit(tid, &dir) {
+                return;
             }
             if let Ok(children) = std::fs::read_to_string(dir.join("children")) {
                 pending.extend(
@@ -222,7 +264,6 @@ fn find_in_tree(
             }
         }
     }
-    None
 }
 
 /// The state letter of task `pid` (`R`, `S`, `D`, `Z`, …); `None` once it is gone.
@@ -345,7 +386,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stopped_child_is_unsupported_only_under_the_v1_freezer() {
+    fn a_stopped_child_is_found_until_continued_and_is_not_traced() {
         let mut child = std::process::Command::new("sleep")
             .arg("100")
             .spawn()
@@ -358,21 +399,25 @@ mod tests {
             assert!(start.elapsed().as_secs() < 10, "{:?}", task_state(pid));
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let found = unsupported_task(pid, true).expect("a stopped task");
+        let found = stopped_task(pid).expect("a stopped task");
         assert_eq!((found.tid, found.state, found.tracer), (pid, 'T', 0));
         assert!(found.is_stopped());
         assert_eq!(
             found.to_string(),
             format!("task {pid} (sleep) is stopped (SIGSTOP, SIGTSTP or job control)")
         );
-        assert_eq!(unsupported_task(pid, false), None);
+        assert_eq!(traced_task(pid), None);
+        // It is the tree's own: nothing outside it.
+        assert_eq!(outside_tree(pid, &[pid]), None);
+        let me = std::process::id() as i32;
+        assert_eq!(outside_tree(pid, &[pid, me]).map(|t| t.tid), Some(me));
         // SAFETY: as above.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
         while task_state(pid) == Some('T') {
             assert!(start.elapsed().as_secs() < 10);
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        assert_eq!(unsupported_task(pid, true), None);
+        assert_eq!(stopped_task(pid), None);
         child.kill().unwrap();
         child.wait().unwrap();
     }

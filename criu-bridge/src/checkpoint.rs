@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use crate::criu::{CriuLog, VersionError, read_dump_stats};
+use crate::freezer::Freezer;
 use crate::layer::{CaptureError, CaptureStats, LayerIndex, capture_layer};
-use crate::runc::{CriuOptions, Runc, RuncError};
+use crate::runc::{CriuOptions, Runc, RuncError, Seize};
 use crate::store::{
     CRIU_DIR, Checkpoint, FORMAT_VERSION, FS_DIR, Manifest, PendingCheckpoint, Store, StoreError,
     Timings, UncapturedExec,
@@ -88,14 +89,47 @@ pub enum CheckpointError {
         /// The task.
         task: crate::blocked::BlockedTask,
     },
-    /// A task of the container is one CRIU cannot checkpoint from a frozen container here (see
-    /// [`crate::blocked::unsupported_task`]): found before anything was frozen.
+    /// A task of the container is one CRIU cannot checkpoint (see
+    /// [`crate::blocked::traced_task`]), or a stopped task on the cgroup v1 freezer whose
+    /// cgroup Belayer cannot read: found before the dump, the container running again.
     #[error("container {id}: {task}: {}", unsupported_why(task))]
     Unsupported {
         /// The container.
         id: String,
         /// The task.
         task: crate::blocked::BlockedTask,
+    },
+    /// Under the cgroup v1 freezer a stopped task is taken by seizing the tasks one by one with
+    /// the cgroup thawed ([`crate::runc::Seize::OneByOne`]); a process exec'd into the
+    /// container, outside the checkpoint's tree, would run through that dump, so none was taken
+    /// while one runs. The container runs again; a checkpoint once the exec ended goes through.
+    #[error(
+        "container {id}: {stopped}, and {exec}, exec'd into the container, runs: a stopped task \
+         is checkpointed with the container thawed while CRIU seizes its tasks one by one, which \
+         the exec'd process would run through, so no checkpoint was taken; try again once it has \
+         ended"
+    )]
+    StoppedBesideExec {
+        /// The container.
+        id: String,
+        /// The stopped task.
+        stopped: Box<crate::blocked::BlockedTask>,
+        /// The exec'd process.
+        exec: Box<crate::blocked::BlockedTask>,
+    },
+    /// A dump that seized the tasks one by one did not leave the container FROZEN (CRIU writes
+    /// the state back itself): its filesystem could have moved on from the dump, so it was not
+    /// captured. The container runs again.
+    #[error(
+        "container {id}: after CRIU seized its tasks one by one (a stopped task) the freezer \
+         read {state}, not FROZEN, so the filesystem could not be captured at the dump's \
+         instant and no checkpoint was taken"
+    )]
+    NotRefrozen {
+        /// The container.
+        id: String,
+        /// What `freezer.state` read.
+        state: String,
     },
     /// CRIU did not finish within [`CheckpointRequest::frozen_limit`]: it was ended, and the
     /// container runs again.
@@ -203,9 +237,9 @@ fn unsupported_why(task: &crate::blocked::BlockedTask) -> &'static str {
         "CRIU cannot checkpoint a task another process traces, so no checkpoint was taken and \
          nothing was frozen"
     } else {
-        "CRIU cannot checkpoint a stopped task from a container frozen by the cgroup v1 freezer \
-         (it would wait in the kernel, the container frozen, until thawed), so no checkpoint was \
-         taken and nothing was frozen; continue the task (SIGCONT) or run on a cgroup v2 host"
+        "the container's cgroup v1 freezer cannot be read, and CRIU cannot checkpoint a stopped \
+         task from a container frozen by it (it would wait in the kernel until thawed), so no \
+         checkpoint was taken; continue the task (SIGCONT) or run on a cgroup v2 host"
     }
 }
 
@@ -265,6 +299,13 @@ fn micros(since: Instant) -> u64 {
 /// frozen to the end, and `runc delete --force` ends it only once the checkpoint is stored:
 /// CRIU's own exit mode would kill the processes at the dump, and a write failing after it (a
 /// full disk) would lose both the container and its checkpoint.
+///
+/// Under the cgroup v1 freezer, a container with a stopped task is dumped with its tasks seized
+/// one by one ([`Seize::OneByOne`]): CRIU thaws the cgroup, stops each task with ptrace, dumps,
+/// and freezes the cgroup again before letting go of them; the capture waits for FROZEN. Once
+/// all are seized no task of the tree runs until the thaw, so memory and filesystem are still
+/// of one instant (that of the last seize); a process exec'd into the container, which would
+/// run through it, refuses such a checkpoint ([`CheckpointError::StoppedBesideExec`]).
 pub fn checkpoint_container(req: &CheckpointRequest<'_>) -> Result<Checkpoint, CheckpointError> {
     checkpoint_container_with(req, &mut || {})
 }
@@ -308,9 +349,8 @@ pub fn checkpoint_container_with(
             task,
         });
     }
-    // A stopped or traced task: refused before anything is frozen, whoever asked.
-    if let Some(task) = crate::blocked::unsupported_task(state.pid, crate::blocked::freezer_is_v1())
-    {
+    // A traced task: refused before anything is frozen, whoever asked.
+    if let Some(task) = crate::blocked::traced_task(state.pid) {
         return Err(CheckpointError::Unsupported {
             id: id.into(),
             task,
@@ -375,10 +415,8 @@ pub fn checkpoint_container_with(
                 // The container runs again (a failed dump thaws it); its partial images go with
                 // `pending`.
                 tracing::warn!(container = id, error = %e, detail = ?e, attempt, "CRIU could not seize a task; trying again");
-                // A task stopped meanwhile would stall the next dump to its bound too.
-                if let Some(task) =
-                    crate::blocked::unsupported_task(state.pid, crate::blocked::freezer_is_v1())
-                {
+                // A task traced meanwhile would stall the next dump to its bound too.
+                if let Some(task) = crate::blocked::traced_task(state.pid) {
                     return Err(CheckpointError::Unsupported {
                         id: id.into(),
                         task,
@@ -542,6 +580,12 @@ fn one_instant<'a>(
         });
     }
 
+    let one_by_one = one_by_one(id, init)?;
+    let seize = match one_by_one {
+        Some(_) => Seize::OneByOne,
+        None => Seize::Frozen,
+    };
+
     let dump_at = Instant::now();
     let criu_dir = pending.criu_dir();
     // Always leave-running: in exit mode the container ends once the checkpoint is stored.
@@ -553,7 +597,7 @@ fn one_instant<'a>(
     );
     let dumped = req
         .runc
-        .checkpoint(id, &criu_dir, &criu_dir, true, &req.criu);
+        .checkpoint(id, &criu_dir, &criu_dir, true, &req.criu, seize);
     let stall = watch.disarm();
     if let Err(source) = dumped {
         if let Some(before) = locks_before {
@@ -583,6 +627,18 @@ fn one_instant<'a>(
         });
     }
     t.dump_us = micros(dump_at);
+    if let Some(freezer) = &one_by_one {
+        // CRIU wrote FROZEN back before it let go of the tasks; the kernel may still be
+        // freezing. Anything else and the filesystem may have moved on from the dump.
+        let left = req.frozen_limit.saturating_sub(frozen_at.elapsed());
+        if let Err(state) = freezer.wait_frozen(left.min(REFREEZE_WAIT)) {
+            tracing::warn!(container = id, freezer = %freezer.dir().display(), state, "not FROZEN after a one-by-one dump");
+            return Err(CheckpointError::NotRefrozen {
+                id: id.into(),
+                state,
+            });
+        }
+    }
     let capture_at = Instant::now();
     let captured = capture_layer(req.upper_dir, parent_index, &pending.fs_dir());
     t.fs_capture_us = micros(capture_at);
@@ -610,6 +666,39 @@ fn one_instant<'a>(
     }
     t.frozen_us = micros(frozen_at);
     Ok((index, stats, None))
+}
+
+/// The longest a one-by-one dump's container is waited for to read FROZEN again.
+const REFREEZE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Under the cgroup v1 freezer, with a stopped task in container `id` (init `init`, frozen
+/// now), CRIU is to seize the tasks one by one ([`Seize::OneByOne`]): its seize of a stopped
+/// task in the frozen cgroup would wait in the kernel until the cgroup thaws. The freezer it
+/// then thaws and freezes again is returned, to be checked after the dump; `None`: runc's
+/// way. Refused ([`CheckpointError::StoppedBesideExec`]) while a process exec'd into the
+/// container runs: it would run through the dump, its cgroup thawed.
+fn one_by_one(id: &str, init: i32) -> Result<Option<Freezer>, CheckpointError> {
+    if !crate::blocked::freezer_is_v1() {
+        return Ok(None);
+    }
+    let Some(stopped) = crate::blocked::stopped_task(init) else {
+        return Ok(None);
+    };
+    let Some(freezer) = Freezer::of(init) else {
+        return Err(CheckpointError::Unsupported {
+            id: id.into(),
+            task: stopped,
+        });
+    };
+    if let Some(exec) = crate::blocked::outside_tree(init, &freezer.tasks()) {
+        return Err(CheckpointError::StoppedBesideExec {
+            id: id.into(),
+            stopped: Box::new(stopped),
+            exec: Box::new(exec),
+        });
+    }
+    tracing::info!(container = id, task = %stopped, "a stopped task under the cgroup v1 freezer: CRIU seizes the tasks one by one");
+    Ok(Some(freezer))
 }
 
 /// Deletes the network lock a CRIU that died in a dump of container `id` (init `init`) left, so

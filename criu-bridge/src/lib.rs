@@ -5,6 +5,7 @@
 pub mod blocked;
 mod checkpoint;
 pub mod criu;
+mod freezer;
 pub mod layer;
 pub mod lazy;
 mod netlock;

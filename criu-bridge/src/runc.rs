@@ -168,6 +168,34 @@ impl CriuOptions {
     }
 }
 
+/// How CRIU stops the container's tasks for a dump.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Seize {
+    /// runc's way: CRIU freezes the container's freezer cgroup (it finds it frozen by
+    /// `runc pause`) and seizes every task while frozen.
+    #[default]
+    Frozen,
+    /// CRIU's "compel interrupt-only mode": CRIU notes the freezer's state, thaws the cgroup,
+    /// seizes the tasks one by one with `PTRACE_SEIZE` + `PTRACE_INTERRUPT` (each stops where it
+    /// is, the rest run on until their turn), dumps, and writes the noted state (FROZEN) back
+    /// before it lets go of them, so they go from CRIU's stop straight to frozen. What takes a
+    /// stopped task under the cgroup v1 freezer. runc has no option for it: CRIU reads it from
+    /// the environment runc passes `criu swrk` (`CRIU_FAULT=137`,
+    /// `FI_COMPEL_INTERRUPT_ONLY_MODE`, which changes nothing else in a dump). Never given to a
+    /// restore: CRIU's restorer reads the same variable.
+    OneByOne,
+}
+
+impl Seize {
+    /// The environment variable and value that select this mode, if any.
+    pub fn env(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Self::Frozen => None,
+            Self::OneByOne => Some(("CRIU_FAULT", "137")),
+        }
+    }
+}
+
 /// The stdio of a restored container's init when there is no terminal (containerd's fifos or
 /// pipes, say). runc maps them onto the pipes recorded at checkpoint time.
 #[derive(Debug, Default)]
@@ -372,9 +400,10 @@ impl Runc {
         self.run("delete", id, c).map(drop)
     }
 
-    /// `runc checkpoint`: CRIU images into `image_dir`, logs and stats into `work_dir`.
-    /// With `leave_running` the processes go on afterwards in the freezer state they had before
-    /// (a paused container stays paused); without, they are killed and the container deleted.
+    /// `runc checkpoint`: CRIU images into `image_dir`, logs and stats into `work_dir`, its
+    /// tasks stopped as `seize` says. With `leave_running` the processes go on afterwards in the
+    /// freezer state they had before (a paused container stays paused); without, they are
+    /// killed and the container deleted.
     pub fn checkpoint(
         &self,
         id: &str,
@@ -382,8 +411,13 @@ impl Runc {
         work_dir: &Path,
         leave_running: bool,
         criu: &CriuOptions,
+        seize: Seize,
     ) -> Result<(), RuncError> {
         let mut c = self.command();
+        // runc starts `criu swrk` with its own environment.
+        if let Some((key, value)) = seize.env() {
+            c.env(key, value);
+        }
         c.arg("checkpoint")
             .arg("--image-path")
             .arg(image_dir)
@@ -401,6 +435,11 @@ impl Runc {
     pub fn restore(&self, args: &RestoreArgs<'_>, stdio: RestoreStdio) -> Result<(), RuncError> {
         let log = args.work_dir.join("runc-restore.log");
         let mut c = Command::new(&self.binary);
+        // A dump's seize mode must never reach a restore (the restorer reads CRIU_FAULT too),
+        // even one inherited from whoever started this process.
+        for (key, _) in [Seize::OneByOne].iter().filter_map(|s| s.env()) {
+            c.env_remove(key);
+        }
         c.arg("--root")
             .arg(&self.root)
             .arg("--criu")

@@ -55,6 +55,10 @@ impl Spawner for Fake {
                     args.iter().any(|a| a == "--leave-running"),
                     "CRIU must leave the processes in place, exit mode too: {args:?}"
                 );
+                assert!(
+                    cmd.get_envs().all(|(k, _)| k != "CRIU_FAULT"),
+                    "no stopped task: CRIU seizes the frozen cgroup, runc's way"
+                );
                 if self.fail_write {
                     let at = args.iter().position(|a| a == "--image-path").unwrap();
                     let images = std::path::Path::new(&args[at + 1]);

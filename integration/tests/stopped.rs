@@ -1,9 +1,10 @@
 //! Stopped tasks and the frozen window's bound (issue: "a stopped process freezes its sandbox
-//! forever"). A task stopped by SIGSTOP or job control: under the cgroup v1 freezer CRIU cannot
-//! take it from a frozen container (its seize waits in the kernel until the container thaws), so a
-//! checkpoint is refused before anything is frozen and the container runs on; under cgroup v2 it
-//! is checkpointed and restored still stopped. Whatever CRIU does, a checkpoint never keeps its
-//! container frozen past `frozen_limit_ms`.
+//! forever"). A task stopped by SIGSTOP or job control is checkpointed and restored still stopped,
+//! and runs on SIGCONT. Under the cgroup v1 freezer CRIU cannot seize it from a frozen container
+//! (its seize waits in the kernel until the container thaws), so there CRIU seizes the tasks one
+//! by one, the cgroup thawed meanwhile, and freezes it again before the filesystem is captured;
+//! a task another process traces is refused before anything is frozen. Whatever CRIU does, a
+//! checkpoint never keeps its container frozen past `frozen_limit_ms`.
 
 mod common;
 
@@ -14,6 +15,10 @@ use common::*;
 
 /// The container's init: a `sleep 1000` stopped at once, and a shell that goes on.
 const WITH_STOPPED: &str = "sleep 1000 & kill -STOP $!; while :; do sleep 1; done";
+
+/// [`WITH_STOPPED`] whose shell keeps `i` in memory and appends it to `/counter`: after a restore
+/// the file reads exactly 1..N only if memory and filesystem are of one instant.
+const STOPPED_AND_COUNTER: &str = "sleep 1000 & kill -STOP $!; i=0; while :; do i=$((i+1)); echo $i >> /counter; sleep 0.01; done";
 
 /// The pid and state letter of every descendant of `pid`.
 fn descendants(pid: &str) -> Vec<(String, char)> {
@@ -50,6 +55,64 @@ fn stopped_task(c: &Containerd, id: &str) -> String {
     stopped.unwrap_or_else(|| panic!("no stopped task under {id}'s init {init}"))
 }
 
+/// Asserts that container `id`'s init has exactly one stopped descendant, continues it with
+/// SIGCONT, and waits until it runs `sleep 1000`.
+#[track_caller]
+fn assert_stopped_then_continue(c: &Containerd, id: &str) {
+    let init = task_pid(c, id);
+    let tasks = descendants(&init);
+    assert_eq!(
+        tasks.iter().filter(|(_, s)| *s == 'T').count(),
+        1,
+        "{id}: not one stopped task: {tasks:?}"
+    );
+    let stopped = stopped_task(c, id);
+    let pid: i32 = stopped.parse().unwrap();
+    // SAFETY: kill(2) on a pid read from /proc just now; at worst it names no process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            descendants(&init).iter().any(|(p, s)| {
+                *p == stopped
+                    && *s == 'S'
+                    && std::fs::read(format!("/proc/{p}/cmdline"))
+                        .is_ok_and(|a| a == b"sleep\x001000\x00")
+            })
+        }),
+        "{id}: the stopped task did not continue into `sleep 1000`: {:?}",
+        descendants(&init)
+    );
+}
+
+/// Asserts that container `id`'s `/counter` reads exactly 1..N, N growing: the shell's `i`
+/// (memory) and the file (filesystem) came back from one instant.
+#[track_caller]
+fn assert_counter_continues(c: &Containerd, id: &str) {
+    let read = |exec: &str| {
+        let out = c.ctr(&["tasks", "exec", "--exec-id", exec, id, "cat", "/counter"]);
+        assert_eq!(out.code, 0, "cat /counter in {id}: {out:?}");
+        out.stdout
+            .lines()
+            .map(|l| l.parse::<u64>().unwrap())
+            .collect::<Vec<_>>()
+    };
+    let first = read("count1");
+    std::thread::sleep(Duration::from_millis(300));
+    let lines = read("count2");
+    assert!(
+        lines.len() > first.len(),
+        "{id}: the counter does not advance"
+    );
+    let expected: Vec<u64> = (1..=lines.len() as u64).collect();
+    assert!(
+        lines == expected,
+        "{id}: /counter is not 1..{}: memory and filesystem of different instants (first \
+         break at line {:?})",
+        lines.len(),
+        lines.iter().zip(&expected).position(|(a, b)| a != b)
+    );
+}
+
 #[track_caller]
 fn exec_echo(c: &Containerd, id: &str, exec_id: &str) {
     let out = c.ctr(&["tasks", "exec", "--exec-id", exec_id, id, "echo", "hi"]);
@@ -60,58 +123,200 @@ fn exec_echo(c: &Containerd, id: &str, exec_id: &str) {
     );
 }
 
-/// The issue's own steps on this (cgroup v1) machine: automatic checkpoints on, one stopped
-/// process. Every exec completes, a requested checkpoint is refused at once naming the task, the
-/// container is never left frozen and takes signals; once the task is continued, checkpoints
-/// and restores work again.
+/// The dump log of checkpoint `cp` of `id`.
+#[track_caller]
+fn dump_log(c: &Containerd, id: &str, cp: &str) -> String {
+    let info: serde_json::Value =
+        serde_json::from_str(&c.belayer(&["inspect", id, cp]).ok().stdout).expect("inspect JSON");
+    let path = std::path::Path::new(info["path"].as_str().expect("inspect: path"));
+    std::fs::read_to_string(path.join("criu/dump.log"))
+        .unwrap_or_else(|e| panic!("dump.log of {id} checkpoint {cp}: {e}"))
+}
+
+/// The issue's own steps on this (cgroup v1) machine, now a round trip. A container with one
+/// stopped process: while a process exec'd into it runs, a checkpoint is refused at once naming
+/// both (CRIU's one-by-one seize would let the exec run through the dump) and the container
+/// runs on; once it ends, a requested checkpoint goes through — CRIU seizes the tasks one by
+/// one — and the container runs on, the task still stopped. Restored in place and forked from
+/// that checkpoint, the task is stopped again, the counter is of the checkpoint's instant, and
+/// SIGCONT continues the task.
 #[test]
-fn a_stopped_task_never_leaves_its_container_frozen() {
-    let c = Containerd::start(Flavor::V2);
-    run_detached_with(
-        &c,
-        BELAYER,
-        &["--annotation", "io.belayer.checkpoint=auto"],
-        "f1",
-        &["sh", "-c", WITH_STOPPED],
+fn a_stopped_task_is_checkpointed_restored_and_forked_stopped_on_cgroup_v1() {
+    assert!(
+        !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists(),
+        "this test is for a cgroup v1 host"
     );
+    let c = Containerd::start(Flavor::V2);
+    run_detached(&c, BELAYER, "f1", &["sh", "-c", STOPPED_AND_COUNTER]);
     let stopped = stopped_task(&c, "f1");
-    // Each exec's end may start an automatic checkpoint; the next exec must not hang on it.
-    for e in ["e1", "e2", "e3"] {
-        exec_echo(&c, "f1", e);
-        assert_eq!(task_status(&c, "f1"), "RUNNING", "after {e}");
-    }
+
+    let out = c.ctr(&[
+        "tasks",
+        "exec",
+        "--detach",
+        "--exec-id",
+        "long",
+        "f1",
+        "sleep",
+        "1000",
+    ]);
+    assert_eq!(out.code, 0, "exec: {out:?}");
     let out = c.belayer(&["checkpoint", "f1"]);
-    assert_ne!(out.code, 0, "a checkpoint with a stopped task: {out:?}");
+    assert_eq!(out.code, 6, "a checkpoint beside a running exec: {out:?}");
     assert!(
         out.stderr.contains(&format!("task {stopped} ("))
-            && out.stderr.contains(") is stopped")
-            && out.stderr.contains("nothing was frozen"),
-        "the refusal does not name the stopped task {stopped}: {:?}",
+            && out.stderr.contains("exec'd into the container, runs"),
+        "the refusal does not name the stopped task {stopped} and the exec: {:?}",
         out.stderr
     );
     assert_eq!(task_status(&c, "f1"), "RUNNING");
     assert_eq!(c.belayer(&["checkpoints", "f1"]).stdout.trim(), "");
-    exec_echo(&c, "f1", "e4");
+    c.ctr(&["tasks", "kill", "--exec-id", "long", "-s", "9", "f1"])
+        .ok();
+    std::thread::sleep(Duration::from_millis(300));
 
-    // Continued, it is checkpointed; a restore brings the container back with it.
-    let pid: i32 = stopped.parse().unwrap();
-    // SAFETY: kill(2) on a pid read from /proc just now; at worst it names no process.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
     let cp = checkpoint(&c, "f1");
+    assert!(
+        dump_log(&c, "f1", &cp).contains("unfreezing cgroup for plugin compatibility"),
+        "CRIU did not seize the tasks one by one"
+    );
+    assert_eq!(task_status(&c, "f1"), "RUNNING");
+    assert_eq!(
+        descendants(&task_pid(&c, "f1"))
+            .into_iter()
+            .find(|(p, _)| *p == stopped),
+        Some((stopped.clone(), 'T')),
+        "the checkpoint continued the stopped task"
+    );
+    exec_echo(&c, "f1", "e1");
+    assert_counter_continues(&c, "f1");
+
+    // A fork of it: the task stopped there too, the counter of the checkpoint's instant.
+    let out = c.belayer(&["fork", "f1", "--checkpoint", &cp, "--count", "1"]);
+    assert_eq!(out.code, 0, "fork: {out:?}");
+    let fork = out.stdout.trim().to_string();
+    assert_eq!(task_status(&c, &fork), "RUNNING");
+    assert_counter_continues(&c, &fork);
+    assert_stopped_then_continue(&c, &fork);
+    exec_echo(&c, &fork, "e2");
+    remove(&c, &fork);
+
+    // In place, after a crash.
     crash(&c, "f1");
     restore(&c, "f1", Some(&cp));
-    // The restored tasks have new pids on the host; the continued one runs `sleep 1000`.
-    let init = task_pid(&c, "f1");
-    let tasks = descendants(&init);
-    assert!(
-        tasks.iter().all(|(_, s)| *s != 'T')
-            && tasks.iter().any(|(p, _)| {
-                std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|a| a == b"sleep\x001000\x00")
-            }),
-        "the continued sleep is not back, running: {tasks:?}"
-    );
-    exec_echo(&c, "f1", "e5");
+    assert_counter_continues(&c, "f1");
+    assert_stopped_then_continue(&c, "f1");
+    exec_echo(&c, "f1", "e3");
     remove(&c, "f1");
+}
+
+/// Automatic checkpoints of a container with a stopped task (the issue's first steps): every
+/// exec completes, an automatic checkpoint is taken with the task stopped, and the recovery
+/// after a crash brings it back stopped.
+#[test]
+fn a_stopped_task_is_checkpointed_automatically_and_recovered_stopped() {
+    let c = Containerd::start(Flavor::V2);
+    run_detached_with(
+        &c,
+        BELAYER,
+        &[
+            "--annotation",
+            "io.belayer.checkpoint=auto",
+            "--annotation",
+            "io.belayer.recover=auto",
+        ],
+        "a1",
+        &["sh", "-c", STOPPED_AND_COUNTER],
+    );
+    stopped_task(&c, "a1");
+    let checkpoints = || c.belayer(&["checkpoints", "a1"]).stdout;
+    let mut taken = false;
+    for e in ["e1", "e2", "e3"] {
+        // Each exec's end may start an automatic checkpoint; the next exec must not hang on it.
+        exec_echo(&c, "a1", e);
+        assert_eq!(task_status(&c, "a1"), "RUNNING", "after {e}");
+        c.belayer(&["hint", "a1", "llm-start", "--expected-ms", "2000"])
+            .ok();
+        if wait_until(Duration::from_secs(8), || !checkpoints().trim().is_empty()) {
+            taken = true;
+            break;
+        }
+    }
+    assert!(
+        taken,
+        "no automatic checkpoint of a container with a stopped task"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let init: i32 = task_pid(&c, "a1").parse().unwrap();
+    // SAFETY: kill(2) on the init's pid as ctr lists it.
+    assert_eq!(unsafe { libc::kill(init, libc::SIGKILL) }, 0);
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            status(&c, "a1")["recoveries"]
+                .as_array()
+                .is_some_and(|r| !r.is_empty())
+        }) && wait_until(Duration::from_secs(10), || task_status(&c, "a1")
+            == "RUNNING"),
+        "no recovery"
+    );
+    assert_counter_continues(&c, "a1");
+    assert_stopped_then_continue(&c, "a1");
+    remove(&c, "a1");
+}
+
+/// A task another process traces (here: this test, as a debugger would) cannot be taken by
+/// CRIU: the checkpoint is refused at once naming the task and its tracer, nothing is frozen,
+/// and once the tracer lets go the checkpoint goes through.
+#[test]
+fn a_traced_task_is_refused_before_anything_is_frozen() {
+    let c = Containerd::start(Flavor::V2);
+    run_detached(
+        &c,
+        BELAYER,
+        "t1",
+        &["sh", "-c", "sleep 1000 & while :; do sleep 1; done"],
+    );
+    let init = task_pid(&c, "t1");
+    let mut sleeper = None;
+    wait_until(Duration::from_secs(10), || {
+        sleeper = descendants(&init).into_iter().map(|(p, _)| p).find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|a| a == b"sleep\x001000\x00")
+        });
+        sleeper.is_some()
+    });
+    let sleeper: i32 = sleeper.expect("no sleep 1000").parse().unwrap();
+    // The tracer is the thread that attaches; it lets go when it ends.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (seized, is_seized) = std::sync::mpsc::channel::<(i32, i32)>();
+    let tracer = std::thread::spawn(move || {
+        let null = std::ptr::null_mut::<libc::c_void>();
+        // SAFETY: PTRACE_SEIZE reads no memory (addr and data null); at worst it fails.
+        let rc = unsafe { libc::ptrace(libc::PTRACE_SEIZE, sleeper, null, null) };
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        seized.send((rc as i32, tid)).unwrap();
+        let _ = released.recv();
+    });
+    let (rc, tid) = is_seized.recv().unwrap();
+    assert_eq!(rc, 0, "PTRACE_SEIZE of {sleeper}");
+
+    let out = c.belayer(&["checkpoint", "t1"]);
+    assert_ne!(out.code, 0, "a checkpoint with a traced task: {out:?}");
+    assert!(
+        out.stderr
+            .contains(&format!("task {sleeper} (sleep) is traced by pid {tid}"))
+            && out.stderr.contains("nothing was frozen"),
+        "the refusal does not name the traced task {sleeper}: {:?}",
+        out.stderr
+    );
+    assert_eq!(task_status(&c, "t1"), "RUNNING");
+    assert_eq!(c.belayer(&["checkpoints", "t1"]).stdout.trim(), "");
+    exec_echo(&c, "t1", "e1");
+
+    release.send(()).unwrap();
+    tracer.join().unwrap();
+    checkpoint(&c, "t1");
+    remove(&c, "t1");
 }
 
 /// On a cgroup v2 host the freezer lets CRIU take a stopped task: a checkpoint of a container

@@ -29,6 +29,7 @@ const QUICK: &[&str] = &[
     "caps01",
     "socket_udp",
     "socket-tcp-local",
+    "stopped",
 ];
 
 #[test]

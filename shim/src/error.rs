@@ -322,7 +322,10 @@ fn checkpoint_kind(e: &CheckpointError) -> Kind {
     match e {
         CheckpointError::InProgress(_) => Kind::InProgress,
         CheckpointError::DiskFull { .. } => Kind::DiskFull,
-        CheckpointError::Blocked { .. } | CheckpointError::Stalled { .. } => Kind::Unavailable,
+        CheckpointError::Blocked { .. }
+        | CheckpointError::Stalled { .. }
+        | CheckpointError::StoppedBesideExec { .. }
+        | CheckpointError::NotRefrozen { .. } => Kind::Unavailable,
         CheckpointError::Unsupported { .. } | CheckpointError::NotRunning { .. } => {
             Kind::FailedPrecondition
         }

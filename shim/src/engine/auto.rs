@@ -215,7 +215,9 @@ impl Engine {
                 self.back_off(id, STALLED_BACKOFF, &e.message());
             }
             Err(
-                e @ (Error::Checkpoint(CheckpointError::Blocked { .. })
+                e @ (Error::Checkpoint(
+                    CheckpointError::Blocked { .. } | CheckpointError::StoppedBesideExec { .. },
+                )
                 | Error::LazyFill {
                     automatic: true, ..
                 }),
