@@ -27,7 +27,15 @@ impl Docker {
     /// Like [`Docker::start`], with a `daemon.json`.
     #[track_caller]
     pub fn start_with_config(containerd: &Containerd, config: Option<&std::path::Path>) -> Self {
-        Self::spawn(containerd, config, None)
+        Self::spawn(containerd, config, None, false)
+    }
+
+    /// Like [`Docker::start`], with docker's containers in `containerd`'s own namespace (not
+    /// `moby`), so that `ctr` and `belayer` of that containerd see them as they see their own:
+    /// the chaos soak drives some sandboxes through docker and checks them all alike.
+    #[track_caller]
+    pub fn start_in_namespace(containerd: &Containerd) -> Self {
+        Self::spawn(containerd, None, None, true)
     }
 
     /// Like [`Docker::start`], with container networking: a private Linux bridge (its own /24)
@@ -57,7 +65,7 @@ impl Docker {
             )
             .ok();
         }
-        Self::spawn(containerd, None, Some(name))
+        Self::spawn(containerd, None, Some(name), false)
     }
 
     #[track_caller]
@@ -65,6 +73,7 @@ impl Docker {
         containerd: &Containerd,
         config: Option<&std::path::Path>,
         bridge: Option<String>,
+        same_namespace: bool,
     ) -> Self {
         prereq::require_bin("dockerd");
         prereq::require_bin("docker");
@@ -75,6 +84,12 @@ impl Docker {
         let mut cmd = Command::new("dockerd");
         if let Some(config) = config {
             cmd.arg("--config-file").arg(config);
+        }
+        if same_namespace {
+            cmd.args(["--containerd-namespace", &containerd.ns]).args([
+                "--containerd-plugins-namespace",
+                &format!("{}-plugins", containerd.ns),
+            ]);
         }
         let child = cmd
             .args(["--data-root", &format!("{}/data", dir.display())])

@@ -136,8 +136,15 @@ static EXEC: AtomicU32 = AtomicU32::new(0);
 /// A running sandbox container.
 pub struct Sandbox<'a> {
     pub c: &'a Containerd,
+    /// Its containerd id (for a docker container, docker's full id).
     pub id: String,
+    /// The docker daemon that runs it (`DOCKER_HOST`), when docker is its client: its
+    /// actions then go through `docker exec`.
+    pub docker: Option<String>,
 }
+
+/// The sandbox image's name in a docker daemon ([`Sandbox::start_docker`]).
+pub const DOCKER_SANDBOX: &str = "belayer/sandbox";
 
 impl<'a> Sandbox<'a> {
     /// Imports the sandbox image (once per containerd) and starts `sleep infinity` in it.
@@ -179,6 +186,44 @@ impl<'a> Sandbox<'a> {
         Self {
             c,
             id: id.to_string(),
+            docker: None,
+        }
+    }
+
+    /// Starts `sleep infinity` in the sandbox image as docker container `name` on `docker`
+    /// (whose containers live in `c`'s namespace: [`Docker::start_in_namespace`]), with
+    /// `--runtime`, OCI annotations and no network but its own loopback; imports the image into
+    /// docker first if it lacks it.
+    ///
+    /// [`Docker::start_in_namespace`]: crate::docker::Docker::start_in_namespace
+    #[track_caller]
+    pub fn start_docker(
+        c: &'a Containerd,
+        docker: &crate::docker::Docker,
+        runtime: &str,
+        name: &str,
+        annotations: &[&str],
+    ) -> Self {
+        if docker.docker(&["image", "inspect", DOCKER_SANDBOX]).code != 0 {
+            let rootfs = prereq::image("sandbox.rootfs.tar");
+            docker
+                .docker(&[
+                    "import",
+                    "--change",
+                    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    &rootfs.display().to_string(),
+                    DOCKER_SANDBOX,
+                ])
+                .ok();
+        }
+        let mut args = vec!["run", "-d", "--runtime", runtime, "--network", "none"];
+        args.extend(annotations.iter().flat_map(|a| ["--annotation", *a]));
+        args.extend(["--name", name, DOCKER_SANDBOX, "sleep", "infinity"]);
+        docker.docker(&args).ok();
+        Self {
+            c,
+            id: docker.id(name),
+            docker: Some(docker.host.clone()),
         }
     }
 
@@ -187,10 +232,20 @@ impl<'a> Sandbox<'a> {
         Self {
             c,
             id: id.to_string(),
+            docker: None,
         }
     }
 
     pub fn exec(&self, script: &str, stdin: Option<&[u8]>) -> Out {
+        if let Some(host) = &self.docker {
+            let mut cmd = std::process::Command::new("docker");
+            cmd.env("DOCKER_HOST", host).arg("exec");
+            if stdin.is_some() {
+                cmd.arg("-i");
+            }
+            cmd.args([self.id.as_str(), "sh", "-c", script]);
+            return crate::containerd::run(&mut cmd, stdin, Duration::from_secs(120));
+        }
         let exec_id = format!("a{}", EXEC.fetch_add(1, Ordering::Relaxed));
         let args = [
             "tasks",

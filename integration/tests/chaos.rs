@@ -1,6 +1,7 @@
 //! A short seeded run of the fault-injection soak (`belayer-bench chaos`, issue 24): 3 sandboxes
 //! with automatic checkpoints and recovery for 2.5 minutes, a fault on a fifth of the turns,
-//! every kind the soak injects but disk-full (below). Nothing may be lost, no invariant may
+//! every kind the soak injects but disk-full (below), the third sandbox driven by docker
+//! (`docker run`/`docker exec`). Nothing may be lost, no invariant may
 //! fail (the store's retention bound included), nothing may leak.
 //! `BELAYER_CHAOS_SEED` replays another seed; the printed command replays the run as a benchmark.
 
@@ -27,8 +28,9 @@ fn a_seeded_soak_loses_nothing_and_leaks_nothing() {
     cfg.command = format!(
         "BELAYER_CHAOS_SEED={seed} cargo test --release -p belayer-integration --test chaos -- \
          --nocapture   (or: belayer-bench chaos --sandboxes 3 --minutes 2.5 --seed {seed} \
-         --kinds {})",
-        kinds.join(",")
+         --kinds {} --docker-every {})",
+        kinds.join(","),
+        cfg.docker_every
     );
     println!("chaos: seed {seed}; reproduce: {}", cfg.command);
     let c = Containerd::start(Flavor::V2);

@@ -48,6 +48,10 @@ pub struct Args {
     /// containerd, and print the overhead as a ratio
     #[arg(long)]
     pub baseline: bool,
+    /// Every this-many-th sandbox has docker as its client (docker run --runtime
+    /// io.containerd.belayer.v1, docker exec, on a dockerd over the same containerd); 0: none
+    #[arg(long, default_value_t = 3)]
+    pub docker_every: usize,
     #[command(flatten)]
     pub common: super::Common,
 }
@@ -73,10 +77,11 @@ impl Args {
         }
         cfg.schedule.rate = self.rate;
         cfg.holder_mb = self.holder_mb;
+        cfg.docker_every = self.docker_every;
         let bin_dir = std::env::var("BELAYER_BIN_DIR").unwrap_or_default();
         let kinds: Vec<&str> = cfg.schedule.kinds.iter().map(|k| k.name()).collect();
         cfg.command = format!(
-            "{}belayer-bench chaos --sandboxes {} --minutes {} --seed {} --kinds {} --rate {} --holder-mb {}",
+            "{}belayer-bench chaos --sandboxes {} --minutes {} --seed {} --kinds {} --rate {} --holder-mb {} --docker-every {}",
             if bin_dir.is_empty() {
                 String::new()
             } else {
@@ -87,7 +92,8 @@ impl Args {
             cfg.seed,
             kinds.join(","),
             cfg.schedule.rate,
-            cfg.holder_mb
+            cfg.holder_mb,
+            cfg.docker_every
         );
         if let Some(mb) = self.store_mb {
             cfg.command.push_str(&format!(" --store-mb {mb}"));

@@ -93,6 +93,16 @@ impl Kind {
         matches!(self, Kind::ContainerdRestart | Kind::DiskFull)
     }
 
+    /// Whether the claim is containerd's alone, so that a sandbox whose client is docker does
+    /// not draw it. Both end with the framework's `belayer restore` after the container's task
+    /// has exited (a shim's death ends it; a recovery whose CRIU was killed gives up), and
+    /// dockerd, on a task's exit, records the container as exited and deletes its containerd
+    /// container (seen: "container … not found" for that restore): docker's way back is its
+    /// own `docker start`, a fresh task.
+    pub fn containerd_only(self) -> bool {
+        matches!(self, Kind::ShimKill | Kind::CriuKillRestore)
+    }
+
     pub fn parse(name: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.name() == name)
     }

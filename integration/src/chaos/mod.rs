@@ -40,6 +40,10 @@ pub struct Config {
     pub store_fs: Option<std::path::PathBuf>,
     /// Then run the same trajectories under runc-v2 without faults ([`baseline`]).
     pub baseline: bool,
+    /// Every this-many-th sandbox (the last of each group) has docker as its client — `docker
+    /// run --runtime io.containerd.belayer.v1 --annotation …` and `docker exec`, on a dockerd
+    /// over the same containerd — the others `ctr` and the control API; 0: none.
+    pub docker_every: usize,
 }
 
 impl Config {
@@ -61,6 +65,7 @@ impl Config {
             command: String::new(),
             store_fs: None,
             baseline: false,
+            docker_every: 3,
         }
     }
 }
@@ -137,9 +142,45 @@ pub struct Run<'a> {
     pub daemon_pid: std::sync::atomic::AtomicU32,
     /// The rollout worker group `worker-kill` hits, when the schedule has it.
     pub worker: Option<worker::Group>,
+    /// The dockerd of the sandboxes docker drives ([`Config::docker_every`]).
+    pub docker: Option<crate::docker::Docker>,
 }
 
 impl Run<'_> {
+    /// The dockerd that is sandbox `index`'s client, if docker is.
+    pub fn docker_for(&self, index: usize) -> Option<&crate::docker::Docker> {
+        let every = self.cfg.docker_every;
+        (every > 0 && index % every == every - 1)
+            .then_some(self.docker.as_ref())
+            .flatten()
+    }
+
+    /// After containerd came back: how long until the run's dockerd ran an exec in one of its
+    /// running containers again (it reconnects to the new containerd on its own; meanwhile a
+    /// `docker exec` fails, exit 126 with nothing said, seen here), up to 60 s; `None` without
+    /// docker sandboxes. `Err`: what the last try answered.
+    pub fn docker_back(&self) -> Option<Result<Duration, String>> {
+        let docker = self.docker.as_ref()?;
+        let start = Instant::now();
+        let running = docker.docker(&["ps", "-q", "--no-trunc"]).stdout;
+        let id = running.lines().next()?.trim().to_string();
+        loop {
+            let out = docker.docker(&["exec", &id, "true"]);
+            if out.code == 0 {
+                return Some(Ok(start.elapsed()));
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                return Some(Err(format!(
+                    "docker exec {id} true still fails after {:?}: exit {}, {:?}",
+                    start.elapsed(),
+                    out.code,
+                    out.stderr.trim()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     pub fn elapsed_s(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
     }
@@ -162,7 +203,15 @@ pub fn run(c: &Containerd, cfg: &Config) -> Result<Report, worker::StartError> {
     } else {
         None
     };
-    let run = Run {
+    let docker = (cfg.docker_every > 0 && cfg.sandboxes >= cfg.docker_every).then(|| {
+        let d = crate::docker::Docker::start_in_namespace(c);
+        eprintln!(
+            "chaos: dockerd up (containerd namespace {}), client of every {}th sandbox",
+            c.ns, cfg.docker_every
+        );
+        d
+    });
+    let mut run = Run {
         c,
         cfg,
         start: Instant::now(),
@@ -171,6 +220,7 @@ pub fn run(c: &Containerd, cfg: &Config) -> Result<Report, worker::StartError> {
         daemons: Mutex::new(Vec::new()),
         daemon_pid: std::sync::atomic::AtomicU32::new(c.pid()),
         worker,
+        docker,
     };
     let load_before = loadavg();
     let cpu_before = crate::machine_cpu_s();
@@ -209,6 +259,8 @@ pub fn run(c: &Containerd, cfg: &Config) -> Result<Report, worker::StartError> {
     {
         trajectory::remove(c, id);
     }
+    // Docker's containers leave its records too, and dockerd stops before the leak check.
+    drop(run.docker.take());
     let mut leaks = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {

@@ -330,7 +330,11 @@ impl Report {
             let _ = writeln!(
                 t,
                 "LOST {} at turn {}: {}",
-                l.id,
+                if l.name == l.id {
+                    l.name.clone()
+                } else {
+                    format!("{} = {}", l.name, l.id)
+                },
                 l.turns,
                 l.lost.as_deref().unwrap_or_default()
             );

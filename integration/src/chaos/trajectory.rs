@@ -21,7 +21,10 @@ const RECOVERY_LIMIT: Duration = Duration::from_secs(60);
 /// How one trajectory ended.
 #[derive(Clone, Debug)]
 pub struct Outcome {
+    /// The sandbox's containerd id.
     pub id: String,
+    /// `chaos-N`, with `(docker)` when docker is its client.
+    pub name: String,
     /// Turns the log holds at the end (or when lost).
     pub turns: u64,
     /// Turns executed successfully, re-executions after rewinds included.
@@ -36,6 +39,7 @@ impl Outcome {
     pub fn panicked(index: usize, msg: String) -> Self {
         Self {
             id: sandbox_id(index),
+            name: sandbox_id(index),
             turns: 0,
             executed: 0,
             rewinds: 0,
@@ -62,6 +66,11 @@ pub(crate) fn turn_script(k: u64) -> String {
 struct Traj<'r, 'c> {
     run: &'r Run<'c>,
     s: Sandbox<'c>,
+    /// What the record calls it: `chaos-N`, or `chaos-N (docker)`.
+    name: String,
+    /// The faults it draws: the run's, less those whose claim is containerd's alone when
+    /// docker is its client ([`Kind::containerd_only`]).
+    schedule: super::Schedule,
     rng: Rng,
     done: u64,
     executed: u64,
@@ -77,19 +86,27 @@ pub fn run(run: &Run, index: usize) -> Outcome {
     let c = run.c;
     let id = sandbox_id(index);
     let keep = format!("io.belayer.keep={}", cfg.keep);
-    let s = Sandbox::start_annotated(
-        c,
-        BELAYER,
-        &id,
-        &[
-            "io.belayer.checkpoint=auto",
-            "io.belayer.recover=auto",
-            &keep,
-        ],
-    );
+    let annotations = [
+        "io.belayer.checkpoint=auto",
+        "io.belayer.recover=auto",
+        &keep,
+    ];
+    let mut schedule = cfg.schedule.clone();
+    let (s, name) = match run.docker_for(index) {
+        Some(docker) => {
+            schedule.kinds.retain(|k| !k.containerd_only());
+            (
+                Sandbox::start_docker(c, docker, BELAYER, &id, &annotations),
+                format!("{id} (docker)"),
+            )
+        }
+        None => (Sandbox::start_annotated(c, BELAYER, &id, &annotations), id),
+    };
     let mut t = Traj {
         run,
         s,
+        name,
+        schedule,
         rng: Rng::for_sandbox(cfg.seed, index),
         done: 0,
         executed: 0,
@@ -99,7 +116,8 @@ pub fn run(run: &Run, index: usize) -> Outcome {
     };
     let lost = t.go();
     Outcome {
-        id,
+        id: t.s.id.clone(),
+        name: t.name.clone(),
         turns: t.done,
         executed: t.executed,
         rewinds: t.rewinds,
@@ -140,7 +158,7 @@ impl Traj<'_, '_> {
         let mut quiet = 0;
         while Instant::now() < deadline {
             let gap = Duration::from_millis(self.rng.range(300, 1500));
-            let drawn = self.run.cfg.schedule.draw(&mut self.rng);
+            let drawn = self.schedule.draw(&mut self.rng);
             let fault = if quiet > 0 {
                 quiet -= 1;
                 None
@@ -170,7 +188,7 @@ impl Traj<'_, '_> {
                     };
                     self.run.record(|j| {
                         j.events.push(Event {
-                            sandbox: self.s.id.clone(),
+                            sandbox: self.name.clone(),
                             turn,
                             kind,
                             outcome,
@@ -205,8 +223,10 @@ impl Traj<'_, '_> {
         }
         if out.code != 0 {
             return Err(format!(
-                "turn {k} failed with no fault injected: {}",
-                out.stderr.trim()
+                "turn {k} failed with no fault injected: exit code {}, stderr {:?}, stdout {:?}",
+                out.code,
+                out.stderr.trim(),
+                out.stdout.trim()
             ));
         }
         self.done = k;

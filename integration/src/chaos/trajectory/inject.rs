@@ -493,6 +493,9 @@ impl Traj<'_, '_> {
             .unwrap_or_else(|e| e.into_inner())
             .push(child);
         let after = self.c().ctr(&["tasks", "ls"]).stdout;
+        // docker's sandboxes wait for their dockerd to reconnect (docker's behaviour, said in the
+        // record), the gate still held whole.
+        let docker = self.run.docker_back();
         // The others go on; this trajectory's own checks hold the gate as a turn does, so that
         // no other global fault lands in them.
         drop(all);
@@ -518,10 +521,22 @@ impl Traj<'_, '_> {
         } else {
             format!(" (stopped before: {stopped:?})")
         };
-        let how = format!(
+        let mut how = format!(
             "containerd {old} {}, up again as {new} in {up_ms} ms",
             if crash { "SIGKILLed" } else { "stopped" }
         );
+        match docker {
+            Some(Ok(took)) => how.push_str(&format!(
+                ", dockerd ran execs again {} ms later",
+                took.as_millis()
+            )),
+            Some(Err(why)) => {
+                return Err(Failure::Violated(format!(
+                    "{how}: dockerd did not reconnect: {why}"
+                )));
+            }
+            None => {}
+        }
         if !stayed {
             return Err(Failure::Violated(format!(
                 "{how}: the init {pid} died while containerd was down"
