@@ -206,7 +206,7 @@ pub fn run(c: &Containerd, cfg: &Config) -> Result<Report, worker::StartError> {
     let docker = (cfg.docker_every > 0 && cfg.sandboxes >= cfg.docker_every).then(|| {
         let d = crate::docker::Docker::start_in_namespace(c);
         eprintln!(
-            "chaos: dockerd up (containerd namespace {}), client of every {}th sandbox",
+            "chaos: dockerd up (containerd namespace {}), the client of one sandbox in {}",
             c.ns, cfg.docker_every
         );
         d

@@ -146,7 +146,13 @@ impl Traj<'_, '_> {
                 return Some(format!("set-up action {} failed: {out:?}", a.name));
             }
         }
-        let base = self.belayer(&["checkpoint", self.id()]);
+        // Under the gate like a turn: a global fault (disk-full) of a sandbox whose set-up ended
+        // earlier must not land on it (the 30-minute run, seed 605, lost its three docker
+        // sandboxes, slower to set up, to "disk full" here).
+        let base = {
+            let _turn = self.run.gate.read().unwrap_or_else(|e| e.into_inner());
+            self.belayer(&["checkpoint", self.id()])
+        };
         if base.code != 0 {
             return Some(format!(
                 "the first checkpoint failed: {}",
