@@ -437,7 +437,7 @@ impl Runc {
         let mut c = Command::new(&self.binary);
         // A dump's seize mode must never reach a restore (the restorer reads CRIU_FAULT too),
         // even one inherited from whoever started this process.
-        for (key, _) in [Seize::OneByOne].iter().filter_map(|s| s.env()) {
+        if let Some((key, _)) = Seize::OneByOne.env() {
             c.env_remove(key);
         }
         c.arg("--root")
