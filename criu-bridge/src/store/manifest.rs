@@ -222,6 +222,40 @@ pub fn probe_version(bytes: &[u8]) -> Option<u64> {
 }
 
 impl Manifest {
+    /// The manifest of checkpoint `seq` of `namespace`/`container` with filesystem chain
+    /// `fs_chain` (newest first) over `image_lowers`, its parent the chain's second member, and
+    /// every figure empty: for tools and tests that write checkpoints without CRIU.
+    pub fn bare(
+        namespace: &str,
+        container: &str,
+        seq: u64,
+        fs_chain: Vec<u64>,
+        image_lowers: Vec<PathBuf>,
+    ) -> Self {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            namespace: namespace.into(),
+            container: container.into(),
+            seq,
+            parent: fs_chain.get(1).copied(),
+            created_unix_ms: 0,
+            spec_digest: "sha256:none".into(),
+            image_lowers,
+            rootfs_shared: false,
+            fs_chain,
+            criu_dir: CRIU_DIR.into(),
+            fs_dir: FS_DIR.into(),
+            leave_running: true,
+            uncaptured_execs: Vec::new(),
+            criu_options: CriuOptions::default(),
+            sizes: Sizes::default(),
+            timings: Timings::default(),
+            criu_stats: None,
+            capture: CaptureStats::default(),
+            files: Vec::new(),
+        }
+    }
+
     /// Reads and checks a manifest: size bound, then format version, then the rest.
     pub fn read(path: &Path) -> Result<Self, FormatError> {
         let read_err = |source| FormatError::Read {
@@ -327,31 +361,15 @@ mod tests {
 
     pub(crate) fn sample() -> Manifest {
         Manifest {
-            format_version: FORMAT_VERSION,
-            namespace: "default".into(),
-            container: "c1".into(),
-            seq: 2,
-            parent: Some(1),
             created_unix_ms: 1,
             spec_digest: "sha256:00".into(),
-            image_lowers: vec!["/img/l1".into()],
-            rootfs_shared: false,
-            fs_chain: vec![2, 1],
-            criu_dir: CRIU_DIR.into(),
-            fs_dir: FS_DIR.into(),
-            leave_running: true,
-            uncaptured_execs: Vec::new(),
-            criu_options: CriuOptions::default(),
-            sizes: Sizes::default(),
-            timings: Timings::default(),
-            criu_stats: None,
-            capture: CaptureStats::default(),
             files: vec![FileEntry {
                 path: "criu/x.img".into(),
                 kind: 'f',
                 size: 3,
                 sha256: Some("ab".into()),
             }],
+            ..Manifest::bare("default", "c1", 2, vec![2, 1], vec!["/img/l1".into()])
         }
     }
 
