@@ -424,7 +424,7 @@ fn a_containerd_checkpoint_imports_where_missing_and_is_refused_where_it_clashes
 }
 
 /// A checkpoint whose layers running forks stack on cannot be removed (nor its layers swept
-/// away) while they run, even with its own container's task gone: the refusal names a fork, and
+/// away) while they run, even with its own container's task and record gone: the refusal names a fork, and
 /// the forks still read the checkpoint's files. Once they are gone, it can be removed.
 #[test]
 fn a_checkpoint_that_running_forks_stack_on_stays_until_they_go() {
@@ -449,6 +449,16 @@ fn a_checkpoint_that_running_forks_stack_on_stays_until_they_go() {
         out.stderr
     );
     assert_eq!(c.belayer(&["checkpoints", "base"]).stdout.trim(), cp);
+    // Its record gone too, the refusal is still the store's (it said "container base not found
+    // in namespace …", hiding which fork holds the checkpoint).
+    c.ctr(&["containers", "rm", "base"]).ok();
+    let out = c.belayer(&["rm", "base", &cp]);
+    assert_clear_error(&out, "in use");
+    assert!(
+        forks.iter().any(|f| out.stderr.contains(f.as_str())),
+        "the refusal without the container's record names no fork: {:?}",
+        out.stderr
+    );
     for f in &forks {
         let s = Sandbox::attach(&c, f);
         assert_eq!(
@@ -464,7 +474,6 @@ fn a_checkpoint_that_running_forks_stack_on_stays_until_they_go() {
     }
     c.belayer(&["rm", "base", &cp]).ok();
     assert_eq!(c.belayer(&["checkpoints", "base"]).stdout, "");
-    c.ctr(&["containers", "rm", "base"]).ok();
 }
 
 /// CRIU killed in the middle of a dump (the OOM killer, say), with its parasite inside the

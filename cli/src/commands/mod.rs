@@ -51,12 +51,17 @@ impl Context {
         Ok(seqs)
     }
 
-    /// A store error, unless the container itself is unknown to containerd (then that).
+    /// A store error; a missing checkpoint of a container containerd does not know either is
+    /// "container not found". Any other refusal is the store's own (a removed container's
+    /// checkpoints stay, and a fork stacking on one keeps it: "in use by …", not "not found" —
+    /// the chaos soak's race-fork saw the latter for a removed fork's checkpoint).
     pub fn not_found_or(&self, container: &str, e: criu_bridge::store::StoreError) -> Error {
-        match self.containerd.container(container) {
-            Err(missing) => missing,
-            Ok(_) => e.into(),
+        if matches!(e, criu_bridge::store::StoreError::NotFound { .. })
+            && let Err(missing) = self.containerd.container(container)
+        {
+            return missing;
         }
+        e.into()
     }
 }
 
