@@ -48,7 +48,9 @@ pub struct Test {
     pub start: String,
     /// `.desc` flags (`suid`, `crfail`, `noauto`, …).
     pub flags: Vec<String>,
-    /// `.desc` CRIU options the test asks for (`opts`, `dopts`, `ropts`); Belayer passes none.
+    /// `.desc` CRIU options the test asks for (`opts`, `dopts`, `ropts`): the harness hands
+    /// them to CRIU as a user would, in a CRIU configuration file the container's
+    /// `org.criu.config` annotation names (runc reads it; Belayer adds its own options to it).
     pub criu_opts: String,
 }
 
@@ -56,6 +58,31 @@ impl Test {
     fn flag(&self, f: &str) -> bool {
         self.flags.iter().any(|x| x == f)
     }
+
+    /// CRIU's own harness expects the dump of this test to fail (`crfail`): the checkpoint is
+    /// to be refused, and the test, still running, to pass its own check.
+    fn dump_fails(&self) -> bool {
+        self.flag("crfail")
+    }
+}
+
+/// `criu_opts` (`--ghost-limit 8M --no-ghost-fiemap`) as a CRIU configuration file: one option
+/// a line, without its dashes, its value after a space (`ghost-limit 8M`); `--opt=value` too.
+pub fn criu_config(criu_opts: &str) -> String {
+    let mut lines: Vec<String> = Vec::new();
+    for word in criu_opts.split_whitespace() {
+        match word.strip_prefix("--") {
+            Some(opt) => lines.push(opt.replacen('=', " ", 1)),
+            None => match lines.last_mut() {
+                Some(line) => {
+                    line.push(' ');
+                    line.push_str(word);
+                }
+                None => lines.push(word.to_string()),
+            },
+        }
+    }
+    lines.iter().map(|l| format!("{l}\n")).collect()
 }
 
 /// Whether tests run as `zdtm.py` runs them, as uid 18943 unless `suid`: only where this
@@ -446,6 +473,14 @@ impl<'a> Harness<'a> {
             self.zdtm_dir.display()
         );
         let mut args = vec!["run", "-d", "--runtime", runtime, "--mount", &mount];
+        let conf = self.c.tmp_dir().join(format!("criu-{id}.conf"));
+        let annotation = format!("org.criu.config={}", conf.display());
+        if !test.criu_opts.is_empty() {
+            std::fs::create_dir_all(self.c.tmp_dir()).map_err(|e| e.to_string())?;
+            std::fs::write(&conf, criu_config(&test.criu_opts))
+                .map_err(|e| format!("write {}: {e}", conf.display()))?;
+            args.extend(["--annotation", &annotation]);
+        }
         args.extend(flags);
         args.extend([SANDBOX, &id, "sleep", "infinity"]);
         let out = self.ctr(&args);
@@ -533,6 +568,15 @@ impl<'a> Harness<'a> {
             return both(restore, fork, e);
         }
         let out = self.belayer(&["checkpoint", &ctr.id]);
+        if out.code != 0 && test.dump_fails() {
+            // Refused, as CRIU's harness expects: the container must run on unharmed.
+            let intact = self.stop_test(&ctr.id, test);
+            return [(fork, Mode::Fork), (restore, Mode::Restore)]
+                .into_iter()
+                .filter(|(on, _)| *on)
+                .map(|(_, m)| (m, intact.clone()))
+                .collect();
+        }
         if out.code != 0 {
             return both(
                 restore,
@@ -603,6 +647,11 @@ impl<'a> Harness<'a> {
                     break;
                 }
             }
+            if !taken && test.dump_fails() {
+                // Every automatic checkpoint refused, as CRIU's harness expects: the container
+                // runs on unharmed.
+                return Ok(self.stop_test(id, test));
+            }
             if !taken {
                 return Err(format!(
                     "no automatic checkpoint (shim: {})",
@@ -662,6 +711,9 @@ impl<'a> Harness<'a> {
                     // runc + CRIU hang on a stopped task in a frozen cgroup (README, stopped
                     // tasks): thaw it, so CRIU fails and the container can be removed.
                     self.thaw(&ctr.id);
+                }
+                if test.dump_fails() {
+                    return Ok(self.stop_test(&ctr.id, test));
                 }
                 return Err(format!("ctr c checkpoint: {}", one_line(&out)));
             }
@@ -798,4 +850,22 @@ pub fn tally(reports: &[Report], modes: &[Mode]) -> Vec<Tally> {
         });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn desc_options_become_a_criu_configuration_file() {
+        assert_eq!(
+            criu_config("--ghost-limit 8M --no-ghost-fiemap"),
+            "ghost-limit 8M\nno-ghost-fiemap\n"
+        );
+        assert_eq!(
+            criu_config("--manage-cgroups=full --link-remap"),
+            "manage-cgroups full\nlink-remap\n"
+        );
+        assert_eq!(criu_config(""), "");
+    }
 }
