@@ -29,6 +29,11 @@ pub const KEEP_ANNOTATION: &str = "io.belayer.keep";
 /// the container's cgroup CPU and I/O (default: the node settings' `actions`).
 pub const ACTIONS_ANNOTATION: &str = "io.belayer.actions";
 
+/// A registry repository (`host[:port]/path`) every automatic checkpoint is pushed to, in the
+/// background: as `REPO:<container>-<checkpoint>` and `REPO:<container>`, the newest replicated
+/// (default: the node settings' `[replication] repository`; `off`: none).
+pub const REPLICATE_ANNOTATION: &str = "io.belayer.replicate";
+
 /// Topic of the event a shim publishes when it recovered a container (a `TaskStart` with the new
 /// pid).
 pub const RECOVERED_TOPIC: &str = "/tasks/belayer/recovered";

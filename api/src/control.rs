@@ -239,6 +239,35 @@ pub struct Status {
     /// Hints this container's control socket took (from `belayer hint` or `belayer gateway`).
     #[serde(default)]
     pub hints: HintStats,
+    /// Where the automatic replication of its checkpoints stands (`io.belayer.replicate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replication: Option<ReplicationStatus>,
+}
+
+/// Where a container's automatic replication to a registry stands: what a node loss now would
+/// lose is `behind`, the checkpoints newer than the newest replicated one.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ReplicationStatus {
+    /// The repository (`host[:port]/path`).
+    pub repository: String,
+    /// Checkpoints this shim pushed, oldest first (each as `REPO:<container>-<checkpoint>`).
+    pub replicated: Vec<String>,
+    /// The newest replicated checkpoint, and its reference pinned by digest (also tagged
+    /// `REPO:<container>`).
+    pub newest: Option<String>,
+    pub newest_reference: Option<String>,
+    /// Checkpoints in the store newer than [`ReplicationStatus::newest`] (all of them when none
+    /// is replicated): not yet off the node.
+    pub behind: Vec<String>,
+    /// How long the oldest of `behind` has waited (since it was taken), ms; 0 when none.
+    pub behind_ms: u64,
+    /// The checkpoint being pushed now.
+    pub pushing: Option<String>,
+    /// Pushes that succeeded and failed.
+    pub pushes: u64,
+    pub failures: u64,
+    /// Why the last push failed, until one succeeds.
+    pub last_error: Option<String>,
 }
 
 /// What the control socket saw of a container's hints since its shim started serving it.

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::annotations::{
     ACTIONS_ANNOTATION, CHECKPOINT_ANNOTATION, KEEP_ANNOTATION, POLICY_ANNOTATION,
-    RECOVER_ANNOTATION,
+    RECOVER_ANNOTATION, REPLICATE_ANNOTATION,
 };
 use crate::control::RestoreInfo;
 use crate::settings::Settings;
@@ -24,6 +24,9 @@ pub struct ContainerPolicy {
     /// Action boundaries come from the container's cgroup activity, not from its execs.
     #[serde(default)]
     pub activity: bool,
+    /// The registry repository automatic checkpoints are pushed to, in the background.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicate: Option<String>,
 }
 
 impl ContainerPolicy {
@@ -42,6 +45,8 @@ impl ContainerPolicy {
                 .unwrap_or(settings.keep)
                 .max(1),
             activity: get(ACTIONS_ANNOTATION, &settings.actions) == "activity",
+            replicate: Some(get(REPLICATE_ANNOTATION, &settings.replication.repository))
+                .filter(|r| !r.is_empty() && r != "off"),
         }
     }
 }
@@ -87,6 +92,7 @@ mod tests {
                 replay: false,
                 keep: 4,
                 activity: false,
+                replicate: None,
             }
         );
         let all = ContainerPolicy::from_annotations(
@@ -95,6 +101,7 @@ mod tests {
                 POLICY_ANNOTATION => Some("replay"),
                 KEEP_ANNOTATION => Some("0"),
                 ACTIONS_ANNOTATION => Some("activity"),
+                REPLICATE_ANNOTATION => Some("127.0.0.1:5000/sandboxes"),
                 _ => None,
             },
             &settings,
@@ -108,8 +115,24 @@ mod tests {
                 replay: true,
                 keep: 1,
                 activity: true,
+                replicate: Some("127.0.0.1:5000/sandboxes".into()),
             }
         );
+        // The node's repository, and `off` for one container.
+        let node = Settings {
+            replication: crate::settings::Replication {
+                repository: "reg.example/belayer".into(),
+                ..Default::default()
+            },
+            ..Settings::default()
+        };
+        let from_node = ContainerPolicy::from_annotations(|_| None, &node);
+        assert_eq!(from_node.replicate.as_deref(), Some("reg.example/belayer"));
+        let off = ContainerPolicy::from_annotations(
+            |k| (k == REPLICATE_ANNOTATION).then_some("off"),
+            &node,
+        );
+        assert_eq!(off.replicate, None);
         let bad_keep =
             ContainerPolicy::from_annotations(|k| (k == KEEP_ANNOTATION).then_some("x"), &settings);
         assert_eq!(bad_keep.keep, 4);

@@ -54,6 +54,8 @@ pub struct Settings {
     pub scheduler: scheduler::SchedulerConfig,
     /// Bounds on an imported checkpoint (`[import]`).
     pub import: ImportLimits,
+    /// Automatic checkpoints pushed to a registry in the background (`[replication]`).
+    pub replication: Replication,
 }
 
 impl Default for Settings {
@@ -71,6 +73,7 @@ impl Default for Settings {
             frozen_limit_ms: criu_bridge::DEFAULT_FROZEN_LIMIT.as_millis() as u64,
             scheduler: scheduler::SchedulerConfig::default(),
             import: ImportLimits::default(),
+            replication: Replication::default(),
         }
     }
 }
@@ -119,6 +122,11 @@ impl Settings {
                 "network_lock = {:?}: use \"auto\", \"nftables\", \"iptables\" or \"skip\"",
                 s.network_lock
             )));
+        }
+        if s.replication.max_in_flight == 0 {
+            return Err(invalid(
+                "replication.max_in_flight = 0: use 1 or more".into(),
+            ));
         }
         if !(FROZEN_LIMIT_MS_MIN..=FROZEN_LIMIT_MS_MAX).contains(&s.frozen_limit_ms) {
             return Err(invalid(format!(
@@ -191,6 +199,36 @@ impl Default for ImportLimits {
     }
 }
 
+/// Automatic checkpoints pushed to a registry (the `[replication]` table of the node settings).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Replication {
+    /// Default of the `io.belayer.replicate` annotation: a repository (`host[:port]/path`), or
+    /// empty for none.
+    pub repository: String,
+    /// The docker config (`config.json`) whose `auths` hold the registry's credentials; empty:
+    /// `$DOCKER_CONFIG/config.json`, else `~/.docker/config.json` of the shim's user.
+    pub docker_config: PathBuf,
+    /// Pushes running at once on this node (each container's own go one at a time).
+    pub max_in_flight: usize,
+    /// The most bytes per second one push uploads; 0: no bound.
+    pub max_bytes_per_s: u64,
+    /// Plain HTTP to a registry that is not on loopback (TLS is not implemented yet).
+    pub plain_http: bool,
+}
+
+impl Default for Replication {
+    fn default() -> Self {
+        Self {
+            repository: String::new(),
+            docker_config: PathBuf::new(),
+            max_in_flight: 2,
+            max_bytes_per_s: 64 << 20,
+            plain_http: false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -201,6 +239,7 @@ mod tests {
         let s = Settings::parse(&path, &std::fs::read_to_string(&path).unwrap()).unwrap();
         let d = Settings::default();
         assert_eq!((s.store, s.criu, s.keep), (d.store, d.criu, d.keep));
+        assert_eq!(s.replication, d.replication);
         assert_eq!(
             (
                 s.checkpoint,

@@ -107,6 +107,22 @@ fn assert_nothing_left(node: &Containerd, id: &str) {
     assert!(staging.is_empty(), "left in the store: {staging:?}");
 }
 
+/// Creates container `id` of the counter loop on `node`, with no task: what a pull goes into.
+fn create_counter(node: &Containerd, id: &str) {
+    node.ctr(&[
+        "containers",
+        "create",
+        "--runtime",
+        BELAYER,
+        BUSYBOX,
+        id,
+        "sh",
+        "-c",
+        COUNTER_LOOP,
+    ])
+    .ok();
+}
+
 /// `belayer push --json` on `node`, parsed.
 #[track_caller]
 fn push(node: &Containerd, docker: &Path, args: &[&str]) -> serde_json::Value {
@@ -201,20 +217,7 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
     let lost = kill_node(&a, "sb");
 
     // Node B: a container of its own from the same image, no task yet.
-    let create = |id: &str| {
-        b.ctr(&[
-            "containers",
-            "create",
-            "--runtime",
-            BELAYER,
-            BUSYBOX,
-            id,
-            "sh",
-            "-c",
-            COUNTER_LOOP,
-        ])
-        .ok();
-    };
+    let create = |id: &str| create_counter(&b, id);
     create("b1");
     run_detached(&b, BELAYER, "b1-running", &["sleep", "1000"]);
     // A pin to a manifest the registry does not hold: refused before anything is created.
@@ -504,5 +507,123 @@ fn a_docker_sandbox_continues_in_docker_on_another_node() {
         }),
         "the counter does not go on in docker on node B"
     );
+    let _ = std::fs::remove_dir_all(&lost);
+}
+
+/// Automatic replication (issue 25, point 2): a sandbox in automatic mode on node A whose
+/// annotation `io.belayer.replicate` names a repository; each automatic checkpoint goes up in the
+/// background (node A's settings bound the upload rate and name the docker config with the
+/// registry's credentials), and `belayer status` says which checkpoints are replicated and how
+/// far behind replication is. Node A is then lost whole; node B pulls `REPO:<container>`, the
+/// newest replicated checkpoint, and the trajectory continues there from the journal position
+/// it reports.
+#[test]
+fn automatic_replication_carries_a_sandbox_through_a_node_loss() {
+    let scratch = Scratch::new("replicate-auto");
+    let (registry, docker, _) = registry_and_configs(&scratch);
+    let repo = format!("{}/belayer/auto", registry.addr);
+    let config = scratch.path().join("belayer.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[replication]\ndocker_config = \"{}\"\nmax_bytes_per_s = {}\n",
+            docker.join("config.json").display(),
+            32 << 20
+        ),
+    )
+    .unwrap();
+    let a = Containerd::start_configured(Flavor::V2, None, Some(config));
+    let b = Containerd::start(Flavor::V2);
+    let replicate = format!("io.belayer.replicate={repo}");
+    run_detached_with(
+        &a,
+        BELAYER,
+        &[
+            "--annotation",
+            "io.belayer.checkpoint=auto",
+            "--annotation",
+            &replicate,
+        ],
+        "ra",
+        &["sh", "-c", COUNTER_LOOP],
+    );
+    let listed = || -> Vec<String> {
+        a.belayer(&["checkpoints", "ra"])
+            .stdout
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    // Three turns, each an action then the model thinking while the scheduler checkpoints.
+    let mut newest = String::new();
+    for n in 1..=3 {
+        a.sh("ra", &format!("t{n}"), &format!("echo {n} > /work/turn{n}"))
+            .ok();
+        a.belayer(&["hint", "ra", "llm-start", "--expected-ms", "2000"])
+            .ok();
+        assert!(
+            wait_until(Duration::from_secs(20), || listed()
+                .last()
+                .is_some_and(|l| *l != newest)),
+            "turn {n}: no automatic checkpoint"
+        );
+        newest = listed().last().unwrap().clone();
+    }
+    // Replicated in the background, up to the newest.
+    let replication = || status(&a, "ra")["replication"].clone();
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            let r = replication();
+            r["newest"] == newest.as_str() && r["behind"].as_array().is_some_and(|b| b.is_empty())
+        }),
+        "replication did not reach checkpoint {newest}: {}; shim log:\n{}",
+        replication(),
+        a.log_lines("ra", 20)
+    );
+    let r = replication();
+    eprintln!("replicate-auto: node A's status once replicated: {r}");
+    assert_eq!(r["repository"], repo.as_str(), "{r}");
+    assert_eq!(r["failures"], 0, "{r}");
+    assert_eq!(r["behind_ms"], 0, "{r}");
+    assert!(r["pushes"].as_u64() >= Some(1), "{r}");
+    assert!(
+        r["newest_reference"]
+            .as_str()
+            .is_some_and(|s| s.starts_with(&format!("{repo}:ra-{newest}@sha256:"))),
+        "{r}"
+    );
+    let actions = status(&a, "ra")["actions"].as_u64();
+    let lost = kill_node(&a, "ra");
+
+    // Node B: the newest replicated, by the container's own tag.
+    create_counter(&b, "rb");
+    let out = belayer_with(
+        &b,
+        &docker,
+        &["pull", &format!("{repo}:ra"), "--into", "rb", "--json"],
+    );
+    assert_eq!(out.code, 0, "pull: {out:?}\n{}", b.log_lines("rb", 20));
+    let info: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(info["source_checkpoint"], newest.as_str(), "{info}");
+    let position = &status(&b, "rb")["position"];
+    assert_eq!(position["checkpoint"], newest.as_str(), "{position}");
+    assert!(position["action"].as_u64() <= actions, "{position}");
+    assert_eq!(
+        b.sh("rb", "f", "cat /work/turn1 /work/turn2 /work/turn3")
+            .ok()
+            .stdout,
+        "1\n2\n3\n"
+    );
+    let rb = Sandbox::attach(&b, "rb");
+    let first = rb.counter();
+    assert!(is_contiguous(&first) && !first.is_empty());
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let later = rb.counter();
+            later.len() > first.len() && is_contiguous(&later)
+        }),
+        "the counter does not go on on node B"
+    );
+    remove(&b, "rb");
     let _ = std::fs::remove_dir_all(&lost);
 }

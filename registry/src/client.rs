@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -43,6 +43,9 @@ pub struct ClientOptions {
     pub chunk_size: u64,
     /// The longest wait for a response's headers or for one piece of its body.
     pub timeout: Duration,
+    /// The most blob bytes a second this client uploads, on average since its first upload
+    /// (it waits between pieces, of at most a quarter second's worth each); 0: no bound.
+    pub max_bytes_per_s: u64,
 }
 
 impl Default for ClientOptions {
@@ -52,6 +55,7 @@ impl Default for ClientOptions {
             credentials: None,
             chunk_size: 32 << 20,
             timeout: Duration::from_secs(120),
+            max_bytes_per_s: 0,
         }
     }
 }
@@ -84,6 +88,8 @@ pub struct Client {
     credentials: Option<Credentials>,
     auth: Mutex<AuthState>,
     sent: Mutex<Sent>,
+    /// When the first upload began and the bytes uploaded since ([`ClientOptions::max_bytes_per_s`]).
+    paced: Mutex<(Option<Instant>, u64)>,
 }
 
 /// What a request asks of a repository: the scope of a Bearer token.
@@ -164,6 +170,7 @@ impl Client {
             credentials,
             auth: Mutex::new(AuthState::default()),
             sent: Mutex::new(Sent::default()),
+            paced: Mutex::new((None, 0)),
         })
     }
 
@@ -510,7 +517,11 @@ impl Client {
         let mut file = tokio::fs::File::open(path)
             .await
             .map_err(io(format!("open {}", path.display())))?;
-        let chunk = self.options.chunk_size.max(1);
+        let chunk = match self.options.max_bytes_per_s {
+            0 => self.options.chunk_size,
+            rate => self.options.chunk_size.min((rate / 4).max(64 << 10)),
+        }
+        .max(1);
         let mut url = self.start_upload(repository, digest).await?;
         if size <= chunk {
             let mut buf = Vec::with_capacity(size as usize);
@@ -519,9 +530,10 @@ impl Client {
                 .read_to_end(&mut buf)
                 .await
                 .map_err(io(format!("read {}", path.display())))?;
-            return self
-                .finish_upload(repository, digest, &url, Bytes::from(buf))
-                .await;
+            self.finish_upload(repository, digest, &url, Bytes::from(buf))
+                .await?;
+            self.pace(size).await;
+            return Ok(());
         }
         let mut offset = 0u64;
         while offset < size {
@@ -565,9 +577,28 @@ impl Client {
             })?;
             offset += n;
             self.sent.lock().expect("sent").bytes += n;
+            self.pace(n).await;
         }
         self.finish_upload(repository, digest, &url, Bytes::new())
             .await
+    }
+
+    /// Counts `n` bytes uploaded and waits until they are due under
+    /// [`ClientOptions::max_bytes_per_s`].
+    async fn pace(&self, n: u64) {
+        let rate = self.options.max_bytes_per_s;
+        if rate == 0 {
+            return;
+        }
+        let wait = {
+            let mut paced = self.paced.lock().expect("paced");
+            let first = *paced.0.get_or_insert_with(Instant::now);
+            paced.1 += n;
+            Duration::from_secs_f64(paced.1 as f64 / rate as f64).saturating_sub(first.elapsed())
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
     }
 
     async fn start_upload(&self, repository: &str, digest: &Digest) -> Result<String, Error> {

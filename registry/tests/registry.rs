@@ -307,7 +307,42 @@ async fn run(registry: &Registry, tmp: &Path) {
         .unwrap_err();
     assert!(e.to_string().contains("no credentials"), "{e}");
 
+    paced(registry, tmp).await;
     bearer(tmp, &p1).await;
+}
+
+/// A bounded upload rate (`max_bytes_per_s`): a 2 MiB blob at 4 MiB/s goes up in pieces of a
+/// quarter second's worth, and not sooner than its bytes are due; the registry has it whole.
+async fn paced(registry: &Registry, tmp: &Path) {
+    let blob: Vec<u8> = (0..2u32 << 20)
+        .map(|i| (i.wrapping_mul(31) >> 7) as u8)
+        .collect();
+    let path = tmp.join("paced.bin");
+    std::fs::write(&path, &blob).unwrap();
+    let digest = belayer_registry::Digest::of(&blob);
+    let client = Client::new(
+        &registry.addr,
+        ClientOptions {
+            credentials: Some(common::credentials()),
+            max_bytes_per_s: 4 << 20,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    client
+        .push_blob_file("belayer/paced", &digest, blob.len() as u64, &path)
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    // 2 MiB at 4 MiB/s: due at 0.5 s; the last piece's wait ends no sooner.
+    assert!(took >= Duration::from_millis(490), "{took:?}");
+    assert_eq!(client.sent().bytes, 2 << 20);
+    assert_eq!(
+        std::fs::read(registry.blob_file(&digest)).unwrap(),
+        blob,
+        "the registry's copy"
+    );
 }
 
 /// A registry with token authentication: the client follows its Bearer challenge to the token

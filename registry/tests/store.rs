@@ -7,14 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use belayer_registry::auth::Credentials;
 use belayer_registry::checkpoint::{self, CHAIN_ARCHIVE, PullLimits};
 use belayer_registry::{Client, ClientOptions, Reference};
 use criu_bridge::Store;
 use criu_bridge::store::{FORMAT_VERSION, Manifest, VerifyLevel, verify_checkpoint, verify_dir};
 
 mod common;
-use common::{PASSWORD, Registry, USER, export};
+use common::{Registry, export};
 
 /// Writes the next checkpoint of `default/sandbox` in `store`, on `parent`'s chain: `fill`
 /// writes its CRIU images and fs layer. Returns its seq.
@@ -123,10 +122,7 @@ fn a_store_s_chain_is_pushed_pulled_imported_and_verifies_on_another_node() {
     let client = Client::new(
         &registry.addr,
         ClientOptions {
-            credentials: Some(Credentials {
-                username: USER.into(),
-                password: PASSWORD.into(),
-            }),
+            credentials: Some(common::credentials()),
             chunk_size: 100 << 10,
             ..Default::default()
         },

@@ -70,6 +70,21 @@ pub struct Container {
     pub fill_failure: Option<String>,
     /// The exec'd processes the last checkpoint warned it does not hold.
     pub uncaptured_warned: Vec<criu_bridge::UncapturedExec>,
+    /// The automatic replication of its checkpoints (`io.belayer.replicate`).
+    pub replication: Replication,
+}
+
+/// Where a container's automatic replication stands; the engine's pusher runs it.
+#[derive(Default)]
+pub struct Replication {
+    /// The newest checkpoint asked to go up and not taken by the pusher yet.
+    pub wanted: Option<u64>,
+    /// A pusher runs for the container.
+    pub running: bool,
+    /// The newest checkpoint replicated.
+    pub newest: Option<u64>,
+    /// What the status reports (`behind` is filled in from the store when asked).
+    pub report: belayer_api::ReplicationStatus,
 }
 
 /// What a task created from a checkpoint restores at start.
@@ -146,6 +161,7 @@ impl Container {
             lazy_fill: None,
             fill_failure: None,
             uncaptured_warned: Vec::new(),
+            replication: Replication::default(),
             id: id.to_string(),
             rootfs: bundle.join("rootfs"),
             systemd_cgroup: false,

@@ -10,6 +10,14 @@ use belayer_registry::checkpoint::CHAIN_ARCHIVE;
 
 pub use belayer_registry::testing::{PASSWORD, Registry, USER};
 
+/// The test registry's user and password.
+pub fn credentials() -> belayer_registry::auth::Credentials {
+    belayer_registry::auth::Credentials {
+        username: USER.into(),
+        password: PASSWORD.into(),
+    }
+}
+
 /// An export of checkpoint `seq` of `owner` (`namespace/container`) with `chain` (newest
 /// first) as the shim writes one: the
 /// newest's CRIU images flat, the chain's dirs (but those images) in the chain archive.

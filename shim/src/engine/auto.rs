@@ -207,6 +207,9 @@ impl Engine {
                 if let Err(e) = self.retain(id).await {
                     warn!("container {id}: retention: {}", e.message());
                 }
+                if let Ok(seq) = info.id.parse() {
+                    self.replicate_soon(id, seq);
+                }
             }
             Err(e @ Error::Checkpoint(CheckpointError::Unsupported { .. })) => {
                 self.back_off(id, UNSUPPORTED_BACKOFF, &e.message());

@@ -23,6 +23,7 @@ mod import_export;
 mod lifecycle;
 mod push;
 mod recovery;
+mod replicate;
 mod restore;
 mod retention;
 mod status;
@@ -74,6 +75,8 @@ pub struct Engine {
     /// Time origin of the scheduler's clock.
     epoch: std::time::Instant,
     publisher: RemotePublisher,
+    /// Pushes of automatic replication that may run at once (`[replication] max_in_flight`).
+    replicate_slots: Arc<tokio::sync::Semaphore>,
 }
 
 impl Engine {
@@ -93,6 +96,9 @@ impl Engine {
                 }),
             ),
             epoch: std::time::Instant::now(),
+            replicate_slots: Arc::new(tokio::sync::Semaphore::new(
+                settings.replication.max_in_flight.max(1),
+            )),
             settings,
             containers: Default::default(),
             last_states: Default::default(),

@@ -23,36 +23,51 @@ impl Engine {
     /// Pushes checkpoint `req.checkpoint` (the newest when absent) of container `id` to
     /// `req.reference`: only the blobs the registry lacks go up.
     pub async fn push(self: &Arc<Self>, id: &str, req: PushRequest) -> Result<PushInfo> {
-        let registry_error = |source| Error::Registry {
+        let reference = Reference::parse(&req.reference).map_err(|source| Error::Registry {
             what: format!("push {id} to {}", req.reference),
             source,
-        };
-        let reference = Reference::parse(&req.reference).map_err(registry_error)?;
+        })?;
         self.get(id)?;
-        let store = self.store();
         let seq = match req.checkpoint {
             Some(seq) => seq,
-            None => *store
+            None => *self
+                .store()
                 .list(&self.namespace, id)?
                 .last()
                 .ok_or_else(|| Error::NoCheckpoints(id.to_string()))?,
         };
-        let client = Client::new(
-            &reference.registry,
-            ClientOptions {
-                plain_http: if req.plain_http {
-                    PlainHttp::Any
-                } else {
-                    PlainHttp::Loopback
-                },
-                credentials: req.credentials.clone().map(|c| Credentials {
-                    username: c.username,
-                    password: c.password,
-                }),
-                ..Default::default()
+        let options = ClientOptions {
+            plain_http: if req.plain_http {
+                PlainHttp::Any
+            } else {
+                PlainHttp::Loopback
             },
-        )
-        .map_err(registry_error)?;
+            credentials: req.credentials.clone().map(|c| Credentials {
+                username: c.username,
+                password: c.password,
+            }),
+            ..Default::default()
+        };
+        self.push_checkpoint(id, seq, &reference, options, None)
+            .await
+    }
+
+    /// Pushes checkpoint `seq` of container `id` as `reference` with a client of `options`, and
+    /// tags the same manifest `also_tag` too.
+    pub(super) async fn push_checkpoint(
+        self: &Arc<Self>,
+        id: &str,
+        seq: u64,
+        reference: &Reference,
+        options: ClientOptions,
+        also_tag: Option<&str>,
+    ) -> Result<PushInfo> {
+        let registry_error = |source| Error::Registry {
+            what: format!("push {id} to {reference}"),
+            source,
+        };
+        let store = self.store();
+        let client = Client::new(&reference.registry, options).map_err(registry_error)?;
 
         let started = Instant::now();
         remove_dead_staging(store.root());
@@ -92,9 +107,20 @@ impl Engine {
         };
         let mut parts = parts.map_err(registry_error)?;
         parts.set_journal_position(journal_position);
-        let report = belayer_registry::checkpoint::push_archive_parts(&client, &reference, &parts)
+        let report = belayer_registry::checkpoint::push_archive_parts(&client, reference, &parts)
             .await
             .map_err(registry_error)?;
+        if let Some(tag) = also_tag {
+            client
+                .push_manifest(
+                    &reference.repository,
+                    tag,
+                    belayer_registry::oci::OCI_MANIFEST,
+                    parts.manifest().to_bytes(),
+                )
+                .await
+                .map_err(registry_error)?;
+        }
         let info = PushInfo {
             container: id.to_string(),
             checkpoint: seq.to_string(),
