@@ -70,6 +70,9 @@ impl Store {
         let tmp = cp.dir.with_file_name(format!("{TMP_PREFIX}compact-{seq}"));
         let guard = RemoveOnDrop(tmp.clone());
         let manifest = self.write_standalone(&cp, &tmp)?;
+        // Stamped before the swap makes it visible (a write after it would go unnoticed).
+        let keys = super::verify::stamp_keys(&tmp);
+        super::verify::write_stamp(&tmp, &cp.dir, &keys);
         self.unless_leased(&dir, seq, || {
             crate::sys::rename_exchange(&tmp, &cp.dir)
                 .map_err(|e| StoreError::io("swap", &cp.dir, e))
@@ -78,7 +81,6 @@ impl Store {
             crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
         }
         drop(guard); // removes the old dir, now at `tmp`
-        super::verify::write_stamp(&cp.dir);
         tracing::info!(container, seq, "fs chain compacted");
         Ok(Checkpoint {
             dir: cp.dir,

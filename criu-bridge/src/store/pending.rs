@@ -71,6 +71,7 @@ impl PendingCheckpoint {
     /// (`timings.total_us` grows by the write time).
     pub fn commit(mut self, mut manifest: Manifest) -> Result<Checkpoint, StoreError> {
         let start = Instant::now();
+        let keys = super::verify::stamp_keys(&self.tmp);
         let files =
             record(&self.tmp, true).map_err(|(path, e)| StoreError::io("record", &path, e))?;
         let sum = |prefix: &str| {
@@ -103,10 +104,12 @@ impl PendingCheckpoint {
         };
         write().map_err(|e| StoreError::io("write", &path, e))?;
         crate::sys::fsync_dir(&self.tmp).map_err(|e| StoreError::io("fsync", &self.tmp, e))?;
-        fs::rename(&self.tmp, &self.final_dir)
-            .map_err(|e| StoreError::io("rename", &self.final_dir, e))?;
+        super::verify::write_stamp(&self.tmp, &self.final_dir, &keys);
+        if let Err(e) = fs::rename(&self.tmp, &self.final_dir) {
+            let _ = fs::remove_file(super::verify::stamp_path(&self.final_dir));
+            return Err(StoreError::io("rename", &self.final_dir, e));
+        }
         self.committed = true;
-        super::verify::write_stamp(&self.final_dir);
         let parent = self.final_dir.parent().unwrap_or(Path::new("/"));
         crate::sys::fsync_dir(parent).map_err(|e| StoreError::io("fsync", parent, e))?;
         tracing::info!(dir = %self.final_dir.display(), bytes = manifest.sizes.total_bytes, "checkpoint written");

@@ -228,16 +228,31 @@ fn write_stamp_file(dir: &Path, stamp: &Stamp) {
     }
 }
 
-/// Stamps every file of `dir` as verified now (right after it was hashed and written).
-pub(crate) fn write_stamp(dir: &Path) {
-    if let Ok(all) = stat_all(dir) {
-        let files = all
-            .into_iter()
-            .filter(|(e, _)| e.kind == 'f')
-            .map(|(e, k)| (e.path, k))
-            .collect();
-        write_stamp_file(dir, &Stamp { files });
-    }
+/// Every regular file under `dir` (but the manifest) with its [`StampKey`]: taken before a
+/// checkpoint's files are hashed, for [`write_stamp`].
+pub(crate) fn stamp_keys(dir: &Path) -> BTreeMap<String, StampKey> {
+    stat_all(dir)
+        .map(|all| {
+            all.into_iter()
+                .filter(|(e, _)| e.kind == 'f')
+                .map(|(e, k)| (e.path, k))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Stamps the files of checkpoint `written` (its files hashed since `before` was taken of them)
+/// as verified, for the checkpoint that will be `dir`: only a file whose key is the same now as
+/// before its hashing, so that a write that came between — or after, were this stamped once the
+/// checkpoint is listed (the soak's `corrupt-newest` flipped a byte there, and a later restore
+/// trusted the stamp and took the corrupt image) — leaves it to be hashed at its next
+/// verification. Called before the checkpoint becomes visible.
+pub(crate) fn write_stamp(written: &Path, dir: &Path, before: &BTreeMap<String, StampKey>) {
+    let files = stamp_keys(written)
+        .into_iter()
+        .filter(|(path, k)| before.get(path) == Some(k))
+        .collect();
+    write_stamp_file(dir, &Stamp { files });
 }
 
 /// Every node under `dir` (except the manifest) with its kind, size and stamp key; no hashing.
@@ -356,4 +371,31 @@ fn verify_layer_of(
         },
     })?;
     verify_part(&cp, level, super::manifest::FS_DIR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file rewritten (same size) between the keys taken before a checkpoint's hashing and
+    /// its stamp is left out of the stamp, so a later `Stamped` verification hashes it and finds
+    /// the change; an untouched file is stamped.
+    #[test]
+    fn a_file_written_after_its_keys_were_taken_is_not_stamped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let container = tmp.path().join("c1");
+        let written = container.join(".tmp-1");
+        std::fs::create_dir_all(written.join("criu")).unwrap();
+        std::fs::write(container.join(super::super::LOCK_FILE), b"").unwrap();
+        std::fs::write(written.join("criu/a.img"), b"aaaa").unwrap();
+        std::fs::write(written.join("criu/b.img"), b"bbbb").unwrap();
+        let before = stamp_keys(&written);
+        assert_eq!(before.len(), 2, "{before:?}");
+        std::fs::write(written.join("criu/b.img"), b"BBBB").unwrap();
+        let dir = container.join("1");
+        write_stamp(&written, &dir, &before);
+        let stamp = read_stamp(&dir);
+        assert!(stamp.files.contains_key("criu/a.img"), "{stamp:?}");
+        assert!(!stamp.files.contains_key("criu/b.img"), "{stamp:?}");
+    }
 }
