@@ -92,6 +92,11 @@ pub fn run(run: &Run, index: usize) -> Outcome {
         &keep,
     ];
     let mut schedule = cfg.schedule.clone();
+    // The whole set-up — the container's start, its actions, its first checkpoint — under the
+    // gate like a turn: a global fault drawn by a sandbox already at its turns must not land on
+    // it (seed 605 lost three docker sandboxes to a `disk-full` at their first checkpoint; seed
+    // 607 four whose `ctr run` met a `containerd-restart`: "connection reset by peer").
+    let setup = run.gate.read().unwrap_or_else(|e| e.into_inner());
     let (s, name) = match run.docker_for(index) {
         Some(docker) => {
             schedule.kinds.retain(|k| !k.containerd_only());
@@ -114,7 +119,7 @@ pub fn run(run: &Run, index: usize) -> Outcome {
         corrupted: Vec::new(),
         verified: Default::default(),
     };
-    let lost = t.go();
+    let lost = t.go(setup);
     Outcome {
         id: t.s.id.clone(),
         name: t.name.clone(),
@@ -138,21 +143,17 @@ impl Traj<'_, '_> {
         self.c().belayer(args)
     }
 
-    /// The whole trajectory; `Some(why)` when it was lost.
-    fn go(&mut self) -> Option<String> {
+    /// The whole trajectory, its set-up under `setup` (the gate, held until the first
+    /// checkpoint); `Some(why)` when it was lost.
+    fn go(&mut self, setup: std::sync::RwLockReadGuard<'_, ()>) -> Option<String> {
         for a in episode::actions(self.run.cfg.holder_mb) {
             let out = self.s.exec(&a.script, a.stdin.as_deref());
             if out.code != 0 {
                 return Some(format!("set-up action {} failed: {out:?}", a.name));
             }
         }
-        // Under the gate like a turn: a global fault (disk-full) of a sandbox whose set-up ended
-        // earlier must not land on it (the 30-minute run, seed 605, lost its three docker
-        // sandboxes, slower to set up, to "disk full" here).
-        let base = {
-            let _turn = self.run.gate.read().unwrap_or_else(|e| e.into_inner());
-            self.belayer(&["checkpoint", self.id()])
-        };
+        let base = self.belayer(&["checkpoint", self.id()]);
+        drop(setup);
         if base.code != 0 {
             return Some(format!(
                 "the first checkpoint failed: {}",
