@@ -191,6 +191,29 @@ pub enum CheckpointError {
         #[source]
         source: CaptureError,
     },
+    /// A task holds open a file whose name was removed while another hard link of it remains
+    /// (`ln a b; rm a`, `a` open). CRIU restores such a file through a hard link it makes in the
+    /// dump (`--link-remap`), but on a restore's overlay that link is a lower file: opening it
+    /// copies it up, apart from the file's other names, so the restored task would write to a
+    /// file no name shows. Refused after the dump, nothing stored, the container running on.
+    #[error(
+        "container {id}: a task holds {file} open, removed while another hard link of it remains; a restore onto a new overlay would part the open file from that link (CRIU --link-remap)"
+    )]
+    RemovedHardLink {
+        /// The container.
+        id: String,
+        /// The removed name, relative to the container's root.
+        file: String,
+    },
+    /// CRIU's images of a dump just made cannot be read.
+    #[error("cannot read the CRIU images of container {id}'s dump")]
+    DumpImages {
+        /// The container.
+        id: String,
+        /// The cause.
+        #[source]
+        source: crate::criu::images::ImageError,
+    },
     /// `runc resume` failed: the container stays frozen.
     #[error("cannot thaw container {id}; it is still paused")]
     Thaw {
@@ -640,6 +663,19 @@ fn one_instant<'a>(
         }
     }
     let capture_at = Instant::now();
+    // CRIU's link remaps (with `--link-remap` only; CRIU refuses such a file without it).
+    let remaps = crate::criu::images::read_link_remaps(&criu_dir).map_err(|source| {
+        CheckpointError::DumpImages {
+            id: id.into(),
+            source,
+        }
+    })?;
+    if let Some((file, _)) = remaps.into_iter().next() {
+        return Err(CheckpointError::RemovedHardLink {
+            id: id.into(),
+            file,
+        });
+    }
     let captured = capture_layer(req.upper_dir, parent_index, &pending.fs_dir());
     t.fs_capture_us = micros(capture_at);
     let (index, stats) = captured.map_err(|source| match source {

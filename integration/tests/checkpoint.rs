@@ -638,3 +638,90 @@ fn a_lazy_fill_killed_midway_ends_the_container_rather_than_run_on_holes() {
     );
     remove(&c, "holes");
 }
+
+/// The lines of `path` in container `id`, as numbers.
+#[track_caller]
+fn numbers_in(c: &Containerd, id: &str, exec_id: &str, path: &str) -> Vec<u64> {
+    let out = c.ctr(&["tasks", "exec", "--exec-id", exec_id, id, "cat", path]);
+    assert_eq!(out.code, 0, "cat {path} in {id}: {out:?}");
+    out.stdout.lines().map(|l| l.parse().unwrap()).collect()
+}
+
+/// An open file whose name was removed while another hard link of it remains (`ln a b; rm a`,
+/// `a` open). CRIU dumps it only with `--link-remap` (set here in the container's CRIU
+/// configuration file, as CRIU's ZDTM `unlink_fstat03` does), restoring it through a hard link
+/// it makes in the dump. That link reached no checkpoint (CRIU removes it before a dump that
+/// leaves the tasks running returns, and Belayer captures the filesystem after), so the
+/// checkpoint was stored and every restore of it failed ("Can't link … link_remap.<id>"). And
+/// even made again for the capture, the link would be a lower file of the restore's overlay,
+/// copied up apart from `b` once CRIU opened it: the restored shell would write where no name
+/// shows. So the checkpoint is refused, naming the file, nothing is stored, and the container
+/// writes on.
+#[test]
+fn a_checkpoint_of_an_open_file_removed_beside_its_hard_link_is_refused_naming_it() {
+    let c = Containerd::start(Flavor::V2);
+    let conf = c.tmp_dir().join("link-remap.conf");
+    std::fs::write(&conf, "link-remap\n").unwrap();
+    let annotation = format!("org.criu.config={}", conf.display());
+    let script = "mkdir /data; exec 3>>/data/a; ln /data/a /data/b; rm /data/a; i=0; \
+                  while :; do i=$((i+1)); echo $i >&3; sleep 0.01; done";
+    run_detached_with(
+        &c,
+        BELAYER,
+        &["--annotation", &annotation],
+        "lr",
+        &["sh", "-c", script],
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            c.ctr(&[
+                "tasks",
+                "exec",
+                "--exec-id",
+                "w",
+                "lr",
+                "test",
+                "-s",
+                "/data/b",
+            ])
+            .code
+                == 0
+        }),
+        "lr did not start writing"
+    );
+    let out = c.belayer(&["checkpoint", "lr"]);
+    assert_ne!(
+        out.code, 0,
+        "a checkpoint CRIU would restore through a link remap: {out:?}"
+    );
+    assert!(
+        out.stderr.contains("/data/a") && out.stderr.contains("another hard link"),
+        "the refusal does not name the file: {:?}",
+        out.stderr
+    );
+    assert_eq!(c.belayer(&["checkpoints", "lr"]).stdout.trim(), "");
+    assert_eq!(task_status(&c, "lr"), "RUNNING");
+    let first = numbers_in(&c, "lr", "n1", "/data/b");
+    std::thread::sleep(Duration::from_millis(300));
+    let lines = numbers_in(&c, "lr", "n2", "/data/b");
+    assert!(
+        lines.len() > first.len(),
+        "lr stopped writing after the refusal"
+    );
+    let expected: Vec<u64> = (1..=lines.len() as u64).collect();
+    assert_eq!(lines, expected, "lr: /data/b is not 1..N");
+    let out = c.ctr(&[
+        "tasks",
+        "exec",
+        "--exec-id",
+        "ls",
+        "lr",
+        "ls",
+        "-a",
+        "/data",
+    ]);
+    assert_eq!(
+        out.stdout, ".\n..\nb\n",
+        "CRIU's link remap is left in sight: {out:?}"
+    );
+}

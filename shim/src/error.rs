@@ -326,9 +326,9 @@ fn checkpoint_kind(e: &CheckpointError) -> Kind {
         | CheckpointError::Stalled { .. }
         | CheckpointError::StoppedBesideExec { .. }
         | CheckpointError::NotRefrozen { .. } => Kind::Unavailable,
-        CheckpointError::Unsupported { .. } | CheckpointError::NotRunning { .. } => {
-            Kind::FailedPrecondition
-        }
+        CheckpointError::Unsupported { .. }
+        | CheckpointError::RemovedHardLink { .. }
+        | CheckpointError::NotRunning { .. } => Kind::FailedPrecondition,
         _ => Kind::Unknown,
     }
 }

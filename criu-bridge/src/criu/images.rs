@@ -27,6 +27,14 @@ pub const MNTS_MAGIC: u32 = 0x5556_3928;
 pub const USERNS_MAGIC: u32 = 0x5547_4906;
 /// `SECCOMP_MAGIC` of CRIU's `magic.h` (`seccomp.img`).
 pub const SECCOMP_MAGIC: u32 = 0x6441_3049;
+/// `FILES_MAGIC` of CRIU's `magic.h` (`files.img`: every file of the dump).
+pub const FILES_MAGIC: u32 = 0x5630_3138;
+/// `REMAP_FPATH_MAGIC` of CRIU's `magic.h` (`remap-fpath.img`).
+pub const REMAP_FPATH_MAGIC: u32 = 0x5913_3954;
+/// `fd_types.REG` of `fdinfo.proto`.
+pub const FD_TYPE_REG: i32 = 1;
+/// `remap_type.LINKED` of `remap-file-path.proto`.
+pub const REMAP_TYPE_LINKED: i32 = 0;
 /// The largest entry read: CRIU's core and pstree entries are a few KiB.
 pub const MAX_ENTRY: u32 = 16 << 20;
 /// The most entries read from one image (tasks of a tree, mounts of a namespace).
@@ -343,6 +351,46 @@ pub struct MntEntry {
     pub sb_flags: Option<u32>,
 }
 
+/// `reg_file_entry` of `regfile.proto`, the fields read.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RegFileEntry {
+    /// The file's id (`file_entry.id`).
+    #[prost(uint32, required, tag = "1")]
+    pub id: u32,
+    /// Its path, relative to its mount namespace's root, with a leading `/`.
+    #[prost(string, required, tag = "6")]
+    pub name: String,
+}
+
+/// `file_entry` of `fdinfo.proto`, regular files only.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct FileEntry {
+    /// `fd_types`.
+    #[prost(int32, required, tag = "1")]
+    pub kind: i32,
+    /// The file's id.
+    #[prost(uint32, required, tag = "2")]
+    pub id: u32,
+    /// A regular file's entry.
+    #[prost(message, optional, tag = "3")]
+    pub reg: Option<RegFileEntry>,
+}
+
+/// `remap_file_path_entry` of `remap-file-path.proto`: an open file whose name was gone at the
+/// dump, reached through another file.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RemapFilePathEntry {
+    /// The id of the file as the tasks had it open.
+    #[prost(uint32, required, tag = "1")]
+    pub orig_id: u32,
+    /// The id of the file it is restored through.
+    #[prost(uint32, required, tag = "2")]
+    pub remap_id: u32,
+    /// `remap_type` (`LINKED` when absent).
+    #[prost(int32, optional, tag = "3")]
+    pub remap_type: Option<i32>,
+}
+
 /// Opens `path` without following a symlink and checks that it is a regular file of bounded size.
 fn open_image(path: &Path) -> Result<std::fs::File, ImageError> {
     let f = std::fs::OpenOptions::new()
@@ -555,6 +603,36 @@ pub fn read_mounts(dir: &Path) -> Result<Vec<(PathBuf, Vec<MntEntry>)>, ImageErr
     Ok(out)
 }
 
+/// The link remaps of the dump in `dir`: `(the path the file was open under, the link CRIU made
+/// to restore it through)`, both relative to their mount namespace's root. Empty where CRIU
+/// wrote no `remap-fpath.img`.
+pub fn read_link_remaps(dir: &Path) -> Result<Vec<(String, String)>, ImageError> {
+    let path = dir.join("remap-fpath.img");
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Ok(Vec::new());
+    }
+    let remaps = read_entries::<RemapFilePathEntry>(&path, REMAP_FPATH_MAGIC)?;
+    let linked: Vec<_> = remaps
+        .iter()
+        .filter(|r| r.remap_type.unwrap_or(REMAP_TYPE_LINKED) == REMAP_TYPE_LINKED)
+        .collect();
+    if linked.is_empty() {
+        return Ok(Vec::new());
+    }
+    let files = read_entries::<FileEntry>(&dir.join("files.img"), FILES_MAGIC)?;
+    let name = |id: u32| {
+        files
+            .iter()
+            .find(|f| f.id == id && f.kind == FD_TYPE_REG)
+            .and_then(|f| f.reg.as_ref())
+            .map(|r| r.name.clone())
+    };
+    Ok(linked
+        .into_iter()
+        .filter_map(|r| Some((name(r.orig_id)?, name(r.remap_id)?)))
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -567,6 +645,52 @@ mod tests {
             groups: vec![0, 10],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn link_remaps_name_the_removed_file_and_its_link() {
+        let d = tempfile::tempdir().unwrap();
+        assert!(read_link_remaps(d.path()).unwrap().is_empty());
+        let reg = |id: u32, name: &str| FileEntry {
+            kind: FD_TYPE_REG,
+            id,
+            reg: Some(RegFileEntry {
+                id,
+                name: name.into(),
+            }),
+        };
+        let files = [
+            reg(3, "/run/a"),
+            reg(7, "/run/link_remap.7"),
+            reg(9, "/run/g"),
+        ];
+        std::fs::write(
+            d.path().join("files.img"),
+            encode_entries(FILES_MAGIC, &files),
+        )
+        .unwrap();
+        let remaps = [
+            RemapFilePathEntry {
+                orig_id: 3,
+                remap_id: 7,
+                remap_type: None,
+            },
+            // A ghost file's content is in the images: no link to keep.
+            RemapFilePathEntry {
+                orig_id: 9,
+                remap_id: 11,
+                remap_type: Some(1),
+            },
+        ];
+        std::fs::write(
+            d.path().join("remap-fpath.img"),
+            encode_entries(REMAP_FPATH_MAGIC, &remaps),
+        )
+        .unwrap();
+        assert_eq!(
+            read_link_remaps(d.path()).unwrap(),
+            [("/run/a".to_string(), "/run/link_remap.7".to_string())]
+        );
     }
 
     #[test]

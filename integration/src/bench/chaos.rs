@@ -114,6 +114,8 @@ pub fn run(args: &Args) -> Result<bool, String> {
         );
     }
     eprintln!("chaos: seed {} — reproduce with: {}", cfg.seed, cfg.command);
+    // A soak of half an hour tests one build, whatever is built meanwhile.
+    let bins = crate::bench::snapshot_bins(&["containerd-shim-belayer-v1", "belayer"])?;
     let rec = Record::start("chaos", &args.common.out("chaos"))?;
     // Dropped after the containerd (declared first): unmounted once nothing uses it.
     let disk = args.store_mb.map(StoreDisk::mount).transpose()?;
@@ -136,6 +138,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     summary["leaks"] = json!(report.leaks.len());
     summary["over_retention_checks"] = json!(report.over_retention.0);
     rec.report(&report.table(), results, Some(report.plot()), summary)?;
+    let _ = std::fs::remove_dir_all(&bins);
     Ok(report.passed())
 }
 

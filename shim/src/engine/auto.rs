@@ -211,7 +211,11 @@ impl Engine {
                     self.replicate_soon(id, seq);
                 }
             }
-            Err(e @ Error::Checkpoint(CheckpointError::Unsupported { .. })) => {
+            Err(
+                e @ Error::Checkpoint(
+                    CheckpointError::Unsupported { .. } | CheckpointError::RemovedHardLink { .. },
+                ),
+            ) => {
                 self.back_off(id, UNSUPPORTED_BACKOFF, &e.message());
             }
             Err(e @ Error::Checkpoint(CheckpointError::Stalled { .. })) => {
