@@ -179,6 +179,8 @@ fn registry_status(e: &belayer_registry::Error) -> u16 {
         | R::BadManifest { .. }
         | R::Layout { .. }
         | R::Archive { .. } => 422,
+        // An archive that is not one Kubernetes wrote, or a hostile one.
+        R::CriArchive { .. } => 400,
         _ => 500,
     }
 }

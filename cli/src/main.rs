@@ -122,11 +122,18 @@ enum Command {
     /// [CHECKPOINT] REF`, REF being `host[:port]/repository:tag`. Uploads only the blobs the
     /// registry lacks; prints REF pinned to the manifest's digest, then the bytes uploaded and
     /// skipped. Credentials: the docker config (`$DOCKER_CONFIG/config.json`, `~/.docker/config.json`).
+    /// `belayer push --cri-archive ARCHIVE REF` pushes a Kubernetes checkpoint archive instead,
+    /// as the checkpoint image a pod on another node restores from.
     Push {
-        container: String,
-        /// `[CHECKPOINT] REF`.
-        #[arg(num_args = 1..=2, required = true, value_names = ["CHECKPOINT", "REF"])]
+        /// `CONTAINER [CHECKPOINT] REF`, or `REF` alone with `--cri-archive`.
+        #[arg(num_args = 1..=3, required = true, value_names = ["CONTAINER", "CHECKPOINT", "REF"])]
         args: Vec<String>,
+        /// A checkpoint archive written by Kubernetes (the kubelet's checkpoint API, CRI
+        /// `CheckpointContainer`), pushed as an OCI checkpoint image (one layer, checkpointctl's
+        /// annotations) that containerd's CRI restores a container from, as `checkpointctl build`
+        /// makes them.
+        #[arg(long, value_name = "ARCHIVE")]
+        cri_archive: Option<PathBuf>,
         /// Plain HTTP to a registry that is not on loopback (TLS is not implemented yet).
         #[arg(long)]
         plain_http: bool,

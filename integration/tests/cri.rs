@@ -18,14 +18,22 @@ use std::time::Duration;
 use belayer_integration::episode::{Sandbox, is_contiguous};
 use belayer_integration::registry::Registry;
 use belayer_integration::{Containerd, leaks};
+use belayer_registry::testing::{PASSWORD, Registry as AuthRegistry, USER};
 use common::*;
 use k8s_cri::v1 as cri;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 
-/// A blocking CRI runtime client of one containerd.
+/// What a CRI call answers.
+type CriResult<T> = Result<containerd_client::tonic::Response<T>, containerd_client::tonic::Status>;
+
+type Channel = containerd_client::tonic::transport::Channel;
+
+/// A blocking CRI client (runtime and image services) of one containerd.
 struct Cri {
     rt: tokio::runtime::Runtime,
-    client: RuntimeServiceClient<containerd_client::tonic::transport::Channel>,
+    client: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
 }
 
 impl Cri {
@@ -39,28 +47,75 @@ impl Cri {
             .expect("connect to containerd");
         Self {
             rt,
-            client: RuntimeServiceClient::new(channel),
+            client: RuntimeServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
         }
     }
 
-    /// `call` on the client, its error as the status message.
+    /// `call` on the runtime client, its error as the status message.
     fn call<T, F>(
         &mut self,
-        call: impl FnOnce(RuntimeServiceClient<containerd_client::tonic::transport::Channel>) -> F,
+        call: impl FnOnce(RuntimeServiceClient<Channel>) -> F,
     ) -> Result<T, String>
     where
-        F: std::future::Future<
-                Output = Result<
-                    containerd_client::tonic::Response<T>,
-                    containerd_client::tonic::Status,
-                >,
-            >,
+        F: std::future::Future<Output = CriResult<T>>,
     {
-        let client = self.client.clone();
+        let f = call(self.client.clone());
+        self.wait(f)
+    }
+
+    /// `call` on the image client, its error as the status message.
+    fn image_call<T, F>(
+        &mut self,
+        call: impl FnOnce(ImageServiceClient<Channel>) -> F,
+    ) -> Result<T, String>
+    where
+        F: std::future::Future<Output = CriResult<T>>,
+    {
+        let f = call(self.images.clone());
+        self.wait(f)
+    }
+
+    fn wait<T>(&self, f: impl std::future::Future<Output = CriResult<T>>) -> Result<T, String> {
         self.rt
-            .block_on(call(client))
+            .block_on(f)
             .map(|r| r.into_inner())
             .map_err(|s| s.message().to_string())
+    }
+
+    /// CRI PullImage of `image` for pod `pod_name` with `auth` (the kubelet's credentials from
+    /// an image pull secret); returns the image ref CRI reports.
+    fn pull_image(
+        &mut self,
+        image: &str,
+        pod_name: &str,
+        auth: Option<cri::AuthConfig>,
+    ) -> Result<String, String> {
+        let req = cri::PullImageRequest {
+            image: Some(cri::ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            auth,
+            sandbox_config: Some(pod_config(pod_name)),
+        };
+        self.image_call(|mut c| async move { c.pull_image(req).await })
+            .map(|r| r.image_ref)
+    }
+
+    /// Whether CRI knows image `image` (ImageStatus).
+    fn has_image(&mut self, image: &str) -> bool {
+        let req = cri::ImageStatusRequest {
+            image: Some(cri::ImageSpec {
+                image: image.into(),
+                ..Default::default()
+            }),
+            verbose: false,
+        };
+        self.image_call(|mut c| async move { c.image_status(req).await })
+            .expect("ImageStatus")
+            .image
+            .is_some()
     }
 
     /// Waits until CRI reports RuntimeReady: it answers "not initialized" for a moment after
@@ -182,15 +237,15 @@ impl Cri {
         Ok(id)
     }
 
-    /// Kubernetes' restore: container `restored` created in `pod` from the checkpoint archive
-    /// (its path as the image) and started; returns its id once CRI sees it running.
-    fn restore_from(&mut self, pod: (&str, &str), archive: &std::path::Path) -> String {
-        let id = self.run_container(pod, "restored", &archive.display().to_string(), &[]);
+    /// Kubernetes' restore: container `restored` created in `pod` from the checkpoint `image`
+    /// (an archive's path, or a checkpoint image pulled already) and started; returns its id
+    /// once CRI sees it running.
+    fn restore_from(&mut self, pod: (&str, &str), image: &str) -> String {
+        let id = self.run_container(pod, "restored", image, &[]);
         assert_eq!(
             self.container_state(&id),
             cri::ContainerState::ContainerRunning as i32,
-            "the container restored from {} does not run",
-            archive.display()
+            "the container restored from {image} does not run"
         );
         id
     }
@@ -216,6 +271,16 @@ fn assert_counter_goes_on(s: &Sandbox, what: &str) {
             && wait_until(Duration::from_secs(5), || s.counter().len() > counter.len()),
         "{what} is not 1..N or does not go on: {:?}",
         &counter[counter.len().saturating_sub(8)..]
+    );
+}
+
+/// Asserts that `c`'s shims go once its pods went (within 10 s).
+#[track_caller]
+fn assert_no_shims(c: &Containerd) {
+    assert!(
+        wait_until(Duration::from_secs(10), || c.shim_pids().is_empty()),
+        "shims left after the pods went: {:?}",
+        c.shim_pids()
     );
 }
 
@@ -360,7 +425,7 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
     // another node, whose store has none of the source's checkpoints: the archive brings them.
     std::fs::remove_dir_all(c.checkpoints_dir(&id))
         .expect("remove the source's checkpoints from the store");
-    let restored = cri.restore_from((&pod, "agent-pod"), &archive);
+    let restored = cri.restore_from((&pod, "agent-pod"), &archive.display().to_string());
     assert!(
         registry
             .requests()
@@ -387,11 +452,7 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
 
     // The kubelet's teardown: stop and remove the pod. Nothing of it is left.
     cri.remove_pod(&pod);
-    assert!(
-        wait_until(Duration::from_secs(10), || c.shim_pids().is_empty()),
-        "shims left after the pod went: {:?}",
-        c.shim_pids()
-    );
+    assert_no_shims(&c);
     let mounts: Vec<String> = leaks::mounts_under(&c.dir)
         .into_iter()
         .filter(|m| m.contains(&pod) || m.contains(&id) || m.contains(&restored))
@@ -424,7 +485,7 @@ fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
     assert_eq!(s.exec("echo later > /later", None).code, 0);
 
     let pod = cri.run_pod("belayer-pod", "belayer");
-    let restored = cri.restore_from((&pod, "belayer-pod"), &archive);
+    let restored = cri.restore_from((&pod, "belayer-pod"), &archive.display().to_string());
     let r = Sandbox::attach(&c, &restored);
     assert_eq!(
         r.exec(
@@ -459,12 +520,120 @@ fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
 
     cri.remove_pod(&pod);
     cri.remove_pod(&runc_pod);
-    assert!(
-        wait_until(Duration::from_secs(10), || c.shim_pids().is_empty()),
-        "shims left after the pods went: {:?}",
-        c.shim_pids()
-    );
+    assert_no_shims(&c);
     let _ = c.belayer(&["rm", &restored, &cp]);
+}
+
+/// Kubernetes' checkpoint leaves the node as a checkpoint image (KEP-2008's way: `checkpointctl
+/// build`): CRI CheckpointContainer writes the archive, `belayer push --cri-archive` pushes it to
+/// a registry with authentication (the CLI's credentials from a docker config), the pod goes
+/// and with it every local trace of the checkpoint (archive, Belayer store); a new pod pulls the
+/// image by digest with the kubelet's credentials (CRI PullImage `auth`), and a container
+/// created from it (containerd's `checkIfCheckpointOCIImage`) continues from the checkpoint,
+/// processes and filesystem. A hostile archive is refused by the push, naming its member.
+#[test]
+fn a_cri_checkpoint_pushed_as_an_image_restores_in_another_pod() {
+    let c = Containerd::start_cri();
+    let (mut cri, pod, _busybox, id) = counter_pod(&c, "image-pod");
+    let s = Sandbox::attach(&c, &id);
+    assert_eq!(s.exec("echo by-cri > /by-cri", None).code, 0);
+    let archive = c.dir.join("cri-checkpoint.tar");
+    cri.checkpoint(&id, &archive);
+    assert_eq!(s.exec("rm /by-cri && echo after > /after", None).code, 0);
+
+    let registry = AuthRegistry::start();
+    let docker = c.dir.join("docker-config");
+    registry.write_docker_config(&docker, USER, PASSWORD);
+    let push = |args: &[&str]| {
+        let mut cmd = c.belayer_cmd(args);
+        cmd.env("DOCKER_CONFIG", &docker);
+        belayer_integration::containerd::run(&mut cmd, None, Duration::from_secs(300))
+    };
+    let reference = format!("{}/k8s/agent:cp", registry.addr);
+    let archive_arg = archive.display().to_string();
+    let out = push(&["push", "--cri-archive", &archive_arg, &reference]).ok();
+    let pinned = out.stdout.lines().next().unwrap_or_default().to_string();
+    assert!(
+        pinned.starts_with(&format!("{reference}@sha256:")),
+        "push printed {:?}",
+        out.stdout
+    );
+
+    // A hostile archive: a symlink in it (to a host file) is refused, naming it; nothing goes up.
+    let hostile = c.dir.join("hostile.tar");
+    std::fs::copy(&archive, &hostile).unwrap();
+    let links = c.dir.join("links");
+    std::fs::create_dir_all(links.join("checkpoint")).unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", links.join("checkpoint/pages-9.img")).unwrap();
+    tar(&[
+        "--append",
+        "--file",
+        &hostile.display().to_string(),
+        "--directory",
+        &links.display().to_string(),
+        "checkpoint/pages-9.img",
+    ]);
+    let uploads = registry.finished_uploads();
+    let refused = push(&[
+        "push",
+        "--cri-archive",
+        &hostile.display().to_string(),
+        &format!("{}/k8s/agent:hostile", registry.addr),
+    ]);
+    assert_ne!(refused.code, 0, "a hostile archive was pushed: {refused:?}");
+    assert!(
+        refused
+            .stderr
+            .contains(r#"member "checkpoint/pages-9.img" is of tar type '2'"#),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        registry.finished_uploads(),
+        uploads,
+        "the refused push uploaded"
+    );
+
+    // The source goes, and every local trace of its checkpoint: as on another node.
+    cri.remove_pod(&pod);
+    std::fs::remove_file(&archive).unwrap();
+    let _ = std::fs::remove_dir_all(c.checkpoints_dir(&id));
+    assert!(!cri.has_image(&pinned), "{pinned} is local before the pull");
+
+    // The new pod: the kubelet pulls the checkpoint image with the pod's pull secret, then
+    // creates the container from it.
+    let pod = cri.run_pod("image-pod-2", "belayer");
+    let e = cri
+        .pull_image(&pinned, "image-pod-2", None)
+        .expect_err("pulled without credentials");
+    assert!(e.contains("no basic auth credentials"), "{e}");
+    cri.pull_image(
+        &pinned,
+        "image-pod-2",
+        Some(cri::AuthConfig {
+            username: USER.into(),
+            password: PASSWORD.into(),
+            ..Default::default()
+        }),
+    )
+    .unwrap_or_else(|e| panic!("CRI PullImage {pinned}: {e}"));
+    let restored = cri.restore_from((&pod, "image-pod-2"), &pinned);
+    let log = std::fs::read_to_string(c.log_path()).unwrap_or_default();
+    assert!(
+        log.contains("Found checkpoint of container"),
+        "containerd did not take {pinned} as a checkpoint image"
+    );
+    let r = Sandbox::attach(&c, &restored);
+    assert_eq!(
+        r.exec("cat /by-cri; test -e /after || echo no-after", None)
+            .stdout,
+        "by-cri\nno-after\n",
+        "the container restored from the checkpoint image is not at the checkpoint"
+    );
+    assert_counter_goes_on(&r, "the counter restored from the checkpoint image");
+
+    cri.remove_pod(&pod);
+    assert_no_shims(&c);
 }
 
 /// Runs `tar` with `args`, panicking with its stderr on failure.
@@ -568,7 +737,7 @@ fn forged_cri_archives_reach_nothing_outside_their_checkpoint() {
     std::fs::write(host.join("from-host"), "secret").unwrap();
     let lowers = serde_json::json!([host.display().to_string()]);
     let forged = forge(&archive, "lowers", &|m| m["image_lowers"] = lowers.clone());
-    let restored = cri.restore_from((&pod, "forged-pod"), &forged);
+    let restored = cri.restore_from((&pod, "forged-pod"), &forged.display().to_string());
     let r = Sandbox::attach(&c, &restored);
     assert_eq!(
         r.exec(

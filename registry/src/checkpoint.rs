@@ -156,12 +156,7 @@ impl ArchiveParts {
 
     /// The config blob's descriptor.
     pub fn config_descriptor(&self) -> Descriptor {
-        Descriptor {
-            media_type: CONFIG_TYPE.into(),
-            digest: Digest::of(&self.config_bytes),
-            size: self.config_bytes.len() as u64,
-            annotations: BTreeMap::new(),
-        }
+        Descriptor::of_bytes(CONFIG_TYPE, &self.config_bytes)
     }
 
     /// The artifact's manifest.
@@ -474,6 +469,33 @@ pub async fn push_archive_parts(
     reference: &Reference,
     parts: &ArchiveParts,
 ) -> Result<PushReport, Error> {
+    let blobs: Vec<(&Digest, u64, &Path)> = parts
+        .parts
+        .iter()
+        .map(|p| (&p.digest, p.size, p.path.as_path()))
+        .collect();
+    push_manifest_with_blobs(
+        client,
+        reference,
+        &blobs,
+        &parts.config_descriptor(),
+        &parts.config_bytes,
+        &parts.manifest(),
+    )
+    .await
+}
+
+/// Pushes `manifest` as `reference` (a tag, or a digest that must be the manifest's): first each
+/// of `blobs` (digest, size, file) and the config (`config`, its bytes `config_bytes`) that the
+/// repository lacks (`HEAD` first; a digest listed twice goes once), then the manifest.
+pub(crate) async fn push_manifest_with_blobs(
+    client: &Client,
+    reference: &Reference,
+    blobs: &[(&Digest, u64, &Path)],
+    config: &Descriptor,
+    config_bytes: &[u8],
+    manifest: &Manifest,
+) -> Result<PushReport, Error> {
     if client.registry() != reference.registry {
         return Err(Error::Refused {
             registry: reference.registry.clone(),
@@ -490,26 +512,23 @@ pub async fn push_archive_parts(
         skipped_bytes: 0,
     };
     let mut seen = BTreeSet::new();
-    for p in &parts.parts {
-        if !seen.insert(p.digest.clone()) {
+    for &(digest, size, path) in blobs {
+        if !seen.insert(digest.clone()) {
             continue;
         }
         if client
-            .head_blob(repo, &p.digest, Access::Push)
+            .head_blob(repo, digest, Access::Push)
             .await?
             .is_some()
         {
-            report.skipped.push(p.digest.clone());
-            report.skipped_bytes += p.size;
+            report.skipped.push(digest.clone());
+            report.skipped_bytes += size;
             continue;
         }
-        client
-            .push_blob_file(repo, &p.digest, p.size, &p.path)
-            .await?;
-        report.uploaded.push(p.digest.clone());
-        report.uploaded_bytes += p.size;
+        client.push_blob_file(repo, digest, size, path).await?;
+        report.uploaded.push(digest.clone());
+        report.uploaded_bytes += size;
     }
-    let config = parts.config_descriptor();
     if client
         .head_blob(repo, &config.digest, Access::Push)
         .await?
@@ -519,19 +538,19 @@ pub async fn push_archive_parts(
         report.skipped_bytes += config.size;
     } else {
         client
-            .push_blob_bytes(repo, &config.digest, parts.config_bytes.clone().into())
+            .push_blob_bytes(repo, &config.digest, config_bytes.to_vec().into())
             .await?;
         report.uploaded.push(config.digest.clone());
         report.uploaded_bytes += config.size;
     }
-    let manifest = parts.manifest().to_bytes();
+    let manifest = manifest.to_bytes();
     let digest = Digest::of(&manifest);
     if let Some(pinned) = &reference.digest
         && *pinned != digest
     {
         return Err(Error::BadManifest {
             reference: reference.to_string(),
-            why: format!("the checkpoint's manifest is {digest}, not the digest named"),
+            why: format!("the pushed manifest is {digest}, not the digest named"),
         });
     }
     let at = reference.tag.clone().unwrap_or_else(|| digest.to_string());

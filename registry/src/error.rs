@@ -175,6 +175,16 @@ pub enum Error {
         #[source]
         source: ArchiveError,
     },
+    /// A CRI checkpoint archive (what the kubelet's checkpoint API writes) that cannot be made
+    /// into a checkpoint image.
+    #[error("CRI checkpoint archive {path}: {source}")]
+    CriArchive {
+        /// The archive.
+        path: PathBuf,
+        /// What is wrong with it.
+        #[source]
+        source: CriArchiveError,
+    },
     /// A local file operation.
     #[error("{what}")]
     Io {
@@ -352,6 +362,105 @@ pub enum ArchiveError {
         /// The cause.
         #[source]
         source: std::io::Error,
+    },
+}
+
+/// Why a CRI checkpoint archive cannot be made into a checkpoint image.
+#[derive(Debug, thiserror::Error)]
+pub enum CriArchiveError {
+    /// A compressed archive: the kubelet writes an uncompressed tar.
+    #[error("it is {format}-compressed; a CRI checkpoint archive is an uncompressed tar")]
+    Compressed {
+        /// The compression.
+        format: &'static str,
+    },
+    /// Its tar members cannot be walked.
+    #[error(transparent)]
+    Tar(#[from] tar::ReadError),
+    /// More members than the bound.
+    #[error("it holds more than {limit} members")]
+    TooManyMembers {
+        /// The bound.
+        limit: usize,
+    },
+    /// More data than the bound.
+    #[error("its members hold more than {limit} bytes")]
+    OverLimit {
+        /// The bound.
+        limit: u64,
+    },
+    /// A member that is neither a regular file nor a dir (a link, a device, a fifo).
+    #[error(
+        "member {member:?} is of tar type {kind:?}: a checkpoint archive holds only regular files and dirs"
+    )]
+    NotFileOrDir {
+        /// The member.
+        member: String,
+        /// Its tar type flag.
+        kind: char,
+    },
+    /// A sparse member (the CRI writes none).
+    #[error("member {member:?} is a sparse file: a CRI checkpoint archive holds none")]
+    Sparse {
+        /// The member.
+        member: String,
+    },
+    /// A member named outside the archive's root, or with an empty, `.` or `..` component.
+    #[error("member {member:?} is not a plain relative path below the archive's root")]
+    Path {
+        /// The member.
+        member: String,
+    },
+    /// A member named twice.
+    #[error("member {member:?} comes twice")]
+    Twice {
+        /// The member.
+        member: String,
+    },
+    /// A member below a regular file.
+    #[error("member {member:?} lies below the file {file:?}")]
+    UnderFile {
+        /// The member.
+        member: String,
+        /// The file.
+        file: String,
+    },
+    /// A file a restore needs that the archive lacks (or holds as a dir).
+    #[error("it has no {file} (a restore reads it): not a CRI checkpoint archive")]
+    Missing {
+        /// The file.
+        file: &'static str,
+    },
+    /// A dump file past the bound read.
+    #[error("its {file} is over {limit} bytes")]
+    DumpOverLimit {
+        /// The file.
+        file: &'static str,
+        /// The bound.
+        limit: u64,
+    },
+    /// A dump file that is not the JSON expected.
+    #[error("its {file} does not parse: {source}")]
+    DumpJson {
+        /// The file.
+        file: &'static str,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A dump file without a value a restore needs.
+    #[error("its {file} names no {field}")]
+    NoValue {
+        /// The file.
+        file: &'static str,
+        /// What it lacks.
+        field: &'static str,
+    },
+    /// An archive of an engine that is not Kubernetes'.
+    #[error("it was made by {engine}, not by a Kubernetes (CRI) engine")]
+    Engine {
+        /// `io.container.manager` in its spec.dump.
+        engine: String,
     },
 }
 

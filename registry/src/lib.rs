@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod client;
 pub mod digest;
 pub mod error;
+pub mod kube;
 pub mod oci;
 pub mod reference;
 pub mod tar;

@@ -24,6 +24,18 @@ pub struct Descriptor {
     pub annotations: BTreeMap<String, String>,
 }
 
+impl Descriptor {
+    /// The descriptor of `bytes` of `media_type`, without annotations.
+    pub fn of_bytes(media_type: &str, bytes: &[u8]) -> Self {
+        Self {
+            media_type: media_type.into(),
+            digest: Digest::of(bytes),
+            size: bytes.len() as u64,
+            annotations: BTreeMap::new(),
+        }
+    }
+}
+
 /// An OCI image manifest (`schemaVersion` 2) with an `artifactType`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -65,6 +65,14 @@ impl Context {
     }
 }
 
+/// Exits as clap does on a bad command line (exit code 2), saying `why`.
+fn usage(why: &str) -> ! {
+    use clap::CommandFactory;
+    Cli::command()
+        .error(clap::error::ErrorKind::WrongNumberOfValues, why)
+        .exit()
+}
+
 /// Runs the command line.
 pub fn run(cli: Cli) -> Result<()> {
     let settings = Settings::load()?;
@@ -111,18 +119,28 @@ pub fn run(cli: Cli) -> Result<()> {
         ),
         Command::Status { container } => status::run(&cx, &container),
         Command::Push {
-            container,
             args,
+            cri_archive,
             plain_http,
             json,
-        } => {
-            let (checkpoint, reference) = match args.as_slice() {
-                [reference] => (None, reference),
-                [checkpoint, reference] => (Some(checkpoint.as_str()), reference),
-                _ => unreachable!("clap takes 1 or 2 values"),
-            };
-            push::run(&cx, &container, checkpoint, reference, plain_http, json)
-        }
+        } => match (cri_archive, args.as_slice()) {
+            (Some(archive), [reference]) => {
+                push::run_cri_archive(&archive, reference, plain_http, json)
+            }
+            (None, [container, reference]) => {
+                push::run(&cx, container, None, reference, plain_http, json)
+            }
+            (None, [container, checkpoint, reference]) => push::run(
+                &cx,
+                container,
+                Some(checkpoint),
+                reference,
+                plain_http,
+                json,
+            ),
+            (Some(_), _) => usage("push --cri-archive ARCHIVE takes REF alone"),
+            (None, _) => usage("push takes CONTAINER [CHECKPOINT] REF"),
+        },
         Command::Pull {
             reference,
             into,

@@ -50,22 +50,7 @@ pub fn run(
         // Before anything is fetched.
         cx.containerd.check_restorable(container)?;
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(Error::ControlIo)?;
-    let client = Client::new(
-        &parsed.registry,
-        ClientOptions {
-            plain_http: if plain_http {
-                PlainHttp::Any
-            } else {
-                PlainHttp::Loopback
-            },
-            ..Default::default()
-        },
-    )
-    .map_err(registry_error)?;
+    let (rt, client) = registry_client(&parsed, plain_http, registry_error)?;
     let pull = |dest: &Path| -> Result<PulledCheckpoint> {
         rt.block_on(pull_to_archive(
             &client,
@@ -203,4 +188,31 @@ fn print(json: bool, pulled: &PulledCheckpoint, container: Option<&str>, checkpo
             pulled.dir.display()
         ),
     }
+}
+
+/// A runtime to run a registry client on, and a client of `reference`'s registry (plain HTTP to
+/// loopback only, unless `plain_http`; credentials from the docker config), its error mapped by
+/// `registry_error`.
+pub(super) fn registry_client(
+    reference: &Reference,
+    plain_http: bool,
+    registry_error: impl Fn(belayer_registry::Error) -> Error,
+) -> Result<(tokio::runtime::Runtime, Client)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(Error::ControlIo)?;
+    let client = Client::new(
+        &reference.registry,
+        ClientOptions {
+            plain_http: if plain_http {
+                PlainHttp::Any
+            } else {
+                PlainHttp::Loopback
+            },
+            ..Default::default()
+        },
+    )
+    .map_err(registry_error)?;
+    Ok((rt, client))
 }

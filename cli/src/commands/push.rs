@@ -4,9 +4,19 @@
 //! containerd's clients read them (`$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`),
 //! and handed to the shim with the request (a root-only socket). Prints the reference pinned to
 //! the manifest's digest, then what went up and what the registry had already.
+//!
+//! `belayer push --cri-archive ARCHIVE REF [--plain-http] [--json]`: a checkpoint archive that
+//! Kubernetes wrote (the kubelet's checkpoint API, CRI `CheckpointContainer`) is pushed from
+//! this process, with no shim, as the OCI checkpoint image a pod on another node restores from
+//! (`belayer_registry::kube`: what `checkpointctl build` makes of it). The archive is untrusted
+//! input; its image's layer is written to a private dir under `$TMPDIR` (about the archive's
+//! size) and removed afterwards. Prints the pinned reference and the bytes, as above.
+
+use std::path::Path;
 
 use belayer_api::{PushInfo, PushRequest, RegistryCredentials, parse_checkpoint_id};
 use belayer_registry::Reference;
+use belayer_registry::kube::{CriArchiveLimits, push_cri_archive};
 
 use super::Context;
 use crate::error::{Error, Result};
@@ -49,6 +59,56 @@ pub fn run(
         println!(
             "checkpoint {}: uploaded {} blobs ({} bytes), skipped {} the registry had ({} bytes)",
             info.checkpoint, info.uploaded, info.uploaded_bytes, info.skipped, info.skipped_bytes
+        );
+    }
+    Ok(())
+}
+
+pub fn run_cri_archive(
+    archive: &Path,
+    reference: &str,
+    plain_http: bool,
+    json: bool,
+) -> Result<()> {
+    let registry_error = |source| Error::Registry {
+        what: format!("push {} to {reference}", archive.display()),
+        source,
+    };
+    let parsed = Reference::parse(reference).map_err(registry_error)?;
+    let (rt, client) = super::pull::registry_client(&parsed, plain_http, registry_error)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let work =
+        std::env::temp_dir().join(format!("belayer-cri-push.{}.{nanos}", std::process::id()));
+    let report = rt
+        .block_on(push_cri_archive(
+            &client,
+            &parsed,
+            archive,
+            &work,
+            &CriArchiveLimits::default(),
+        ))
+        .map_err(registry_error)?;
+    if json {
+        let info = serde_json::json!({
+            "reference": report.reference.to_string(),
+            "digest": report.digest.as_str(),
+            "uploaded": report.uploaded.len(),
+            "uploaded_bytes": report.uploaded_bytes,
+            "skipped": report.skipped.len(),
+            "skipped_bytes": report.skipped_bytes,
+        });
+        println!("{info}");
+    } else {
+        println!("{}", report.reference);
+        println!(
+            "{}: uploaded {} blobs ({} bytes), skipped {} the registry had ({} bytes)",
+            archive.display(),
+            report.uploaded.len(),
+            report.uploaded_bytes,
+            report.skipped.len(),
+            report.skipped_bytes
         );
     }
     Ok(())
