@@ -534,7 +534,7 @@ fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
 #[test]
 fn a_cri_checkpoint_pushed_as_an_image_restores_in_another_pod() {
     let c = Containerd::start_cri();
-    let (mut cri, pod, _busybox, id) = counter_pod(&c, "image-pod");
+    let (mut cri, pod, busybox, id) = counter_pod(&c, "image-pod");
     let s = Sandbox::attach(&c, &id);
     assert_eq!(s.exec("echo by-cri > /by-cri", None).code, 0);
     let archive = c.dir.join("cri-checkpoint.tar");
@@ -557,6 +557,41 @@ fn a_cri_checkpoint_pushed_as_an_image_restores_in_another_pod() {
         pinned.starts_with(&format!("{reference}@sha256:")),
         "push printed {:?}",
         out.stdout
+    );
+
+    // The manifest carries checkpointctl's annotations, filled from containerd's own dumps.
+    let digest = pinned.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+    let digest = belayer_registry::Digest::parse(digest).expect("a pinned digest");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(registry.blob_file(&digest)).unwrap()).unwrap();
+    let busybox = format!("{}/busybox", busybox.host);
+    let a = &manifest["annotations"];
+    for (key, want) in [
+        ("org.criu.checkpoint.engine.name", "containerd"),
+        ("org.criu.checkpoint.container.name", "sandbox"),
+        ("org.criu.checkpoint.pod.name", "image-pod"),
+        ("org.criu.checkpoint.pod.namespace", "default"),
+        (
+            "org.criu.checkpoint.runtime.name",
+            "io.containerd.belayer.v1",
+        ),
+        (
+            "org.criu.checkpoint.rootfsImageName",
+            &format!("{busybox}:latest"),
+        ),
+    ] {
+        assert_eq!(a[key], want, "{key} in {manifest}");
+    }
+    let image_id = a["org.criu.checkpoint.rootfsImageID"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        image_id.starts_with(&format!("{busybox}@sha256:")),
+        "rootfsImageID {image_id:?}"
+    );
+    assert_eq!(
+        manifest["layers"][0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar"
     );
 
     // A hostile archive: a symlink in it (to a host file) is refused, naming it; nothing goes up.
