@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -164,9 +164,11 @@ pub fn checkpoint_image(
         return Err(bad(CriArchiveError::Compressed { format }));
     }
     let layer = work.join("layer.tar");
+    // The CRIU images hold the container's memory.
     let file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(&layer)
         .map_err(io(format!("create {}", layer.display())))?;
     let mut out = HashingWriter {
@@ -202,7 +204,9 @@ pub fn checkpoint_image(
             }
             continue;
         }
+        // A NUL would end the name early for the layer's readers: another name than checked.
         if entry.path.starts_with('/')
+            || entry.path.contains('\0')
             || entry
                 .path
                 .split('/')

@@ -201,6 +201,8 @@ fn a_cri_o_archive_names_its_container_as_cri_o_does() {
 
 #[test]
 fn hostile_or_broken_archives_are_refused_naming_the_problem() {
+    // ('static: `with`'s edits take members of any lifetime.)
+    let nul: &'static str = format!("checkpoint/{}\0evil", "i".repeat(100)).leak();
     let with = |edit: &dyn Fn(&mut Vec<Member>)| {
         let mut m = good_members();
         edit(&mut m);
@@ -216,6 +218,9 @@ fn hostile_or_broken_archives_are_refused_naming_the_problem() {
         e.contains(r#""/etc/passwd" is not a plain relative path"#),
         "{e}"
     );
+    // A pax name with a NUL in it: readers that stop at the NUL would see "checkpoint/…".
+    let e = with(&|m| m.push((nul, Some(b"x"))));
+    assert!(e.contains("evil\" is not a plain relative path"), "{e}");
     let e = with(&|m| m.push(("checkpoint/inventory.img", Some(b"other"))));
     assert!(
         e.contains(r#"member "checkpoint/inventory.img" comes twice"#),
