@@ -29,6 +29,11 @@ pub struct Args {
     /// Tests run side by side
     #[arg(long, default_value_t = 2)]
     pub jobs: usize,
+    /// The tests CRIU's own harness passes on this machine, one per line
+    /// (`scripts/zdtm-criu-harness OUT` writes `OUT/passed.txt`): each mode is also reported
+    /// against those of them that pass in control, the set issue 28 holds Belayer to
+    #[arg(long, value_name = "FILE")]
+    pub required: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub common: Common,
 }
@@ -67,6 +72,10 @@ pub fn run(args: &Args) -> Result<bool, String> {
     };
     // The whole run (about 35 minutes) tests one build, whatever is built meanwhile.
     let bins = crate::bench::snapshot_bins(&["containerd-shim-belayer-v1", "belayer"])?;
+    let required = match &args.required {
+        Some(p) => Some(read_required(p)?),
+        None => None,
+    };
     let rec = Record::start("zdtm", &args.common.out("zdtm"))?;
     eprintln!(
         "zdtm: {} tests ({} built tests not tried), modes {:?}, {} jobs",
@@ -111,6 +120,38 @@ pub fn run(args: &Args) -> Result<bool, String> {
             t.failed.len()
         );
     }
+    let held = required.as_ref().map(|r| held_to(&reports, &modes, r));
+    if let (Some(held), Some(path)) = (&held, &args.required) {
+        let _ = writeln!(
+            table,
+            "\nHeld to the {} tests that pass in control and under CRIU's own harness ({}):\n",
+            held.required.len(),
+            path.display()
+        );
+        let _ = writeln!(table, "| mode | required | passed | failed |");
+        let _ = writeln!(table, "| --- | --- | --- | --- |");
+        for (mode, failed) in &held.failed {
+            let _ = writeln!(
+                table,
+                "| {} | {} | {} | {} |",
+                mode.name(),
+                held.required.len(),
+                held.required.len() - failed.len(),
+                if failed.is_empty() {
+                    "none".to_string()
+                } else {
+                    failed.join(", ")
+                }
+            );
+        }
+        if !held.not_in_harness.is_empty() {
+            let _ = writeln!(
+                table,
+                "\nPass in control but not under CRIU's harness (not held to): {}",
+                held.not_in_harness.join(", ")
+            );
+        }
+    }
     for t in tallies.iter().filter(|t| t.mode != Mode::Control) {
         if t.failed.is_empty() {
             continue;
@@ -139,6 +180,12 @@ pub fn run(args: &Args) -> Result<bool, String> {
                 Outcome::Fail(why) => json!(why),
             })).collect::<serde_json::Map<_, _>>(),
         })).collect::<Vec<_>>(),
+        "required": held.as_ref().map(|h| json!({
+            "file": args.required.as_ref().map(|p| p.display().to_string()),
+            "tests": h.required,
+            "failed": h.failed.iter().map(|(m, f)| (m.name().to_string(), json!(f))).collect::<serde_json::Map<_, _>>(),
+            "not_in_harness": h.not_in_harness,
+        })),
         "not_tried": suite.not_tried.iter().map(|n| json!({"test": n.name, "why": n.why})).collect::<Vec<_>>(),
     });
     let summary = json!({ "modes": results["modes"].as_array().map(|m| m.iter().map(|m| json!({
@@ -148,6 +195,60 @@ pub fn run(args: &Args) -> Result<bool, String> {
     let _ = std::fs::remove_dir_all(&bins);
     // The benchmark measures; it fails only when nothing could be tried.
     Ok(tallies.first().is_some_and(|t| t.control_passed > 0))
+}
+
+/// The test names of `path`, one per line (blank lines and `#` comments skipped).
+fn read_required(path: &std::path::Path) -> Result<std::collections::BTreeSet<String>, String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("--required {}: {e}", path.display()))?;
+    let names: std::collections::BTreeSet<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect();
+    if names.is_empty() {
+        return Err(format!("--required {}: no test named", path.display()));
+    }
+    Ok(names)
+}
+
+/// The modes' results on the tests a run is held to.
+struct Held {
+    /// Tests that pass in control and under CRIU's harness.
+    required: Vec<String>,
+    /// Per mode (control left out), the required tests it failed.
+    failed: Vec<(Mode, Vec<String>)>,
+    /// Tests that pass in control that CRIU's harness does not pass.
+    not_in_harness: Vec<String>,
+}
+
+fn held_to(
+    reports: &[crate::zdtm::Report],
+    modes: &[Mode],
+    harness: &std::collections::BTreeSet<String>,
+) -> Held {
+    let (required, not): (Vec<&crate::zdtm::Report>, Vec<&crate::zdtm::Report>) = reports
+        .iter()
+        .filter(|r| r.outcomes.get(&Mode::Control).is_some_and(Outcome::passed))
+        .partition(|r| harness.contains(&r.test));
+    let failed = modes
+        .iter()
+        .filter(|m| **m != Mode::Control)
+        .map(|m| {
+            let f: Vec<String> = required
+                .iter()
+                .filter(|r| !r.outcomes.get(m).is_some_and(Outcome::passed))
+                .map(|r| r.test.clone())
+                .collect();
+            (*m, f)
+        })
+        .collect();
+    Held {
+        required: required.iter().map(|r| r.test.clone()).collect(),
+        failed,
+        not_in_harness: not.iter().map(|r| r.test.clone()).collect(),
+    }
 }
 
 fn truncate(s: &str, n: usize) -> String {
