@@ -725,3 +725,71 @@ fn a_checkpoint_of_an_open_file_removed_beside_its_hard_link_is_refused_naming_i
         "CRIU's link remap is left in sight: {out:?}"
     );
 }
+
+/// A process watching files of its container with inotify (a file watcher, a dev server's
+/// reload): CRIU dumps a watch by its file's handle, which an overlay without `nfs_export` never
+/// opens, so it looks for the file's path by scanning — and found nothing, as CRIU 4.2 scans
+/// nothing from `/` ("fsnotify: Can't dump that handle"): no checkpoint of such a container was
+/// possible. With `irmap-scan-path /` in every container's CRIU configuration and Belayer's CRIU
+/// patch, the watches (a file the container made, one of its image, one through a symlink) are
+/// dumped by path; restored in place and forked, the watcher still sees a write to its file.
+#[test]
+fn a_process_watching_its_files_with_inotify_checkpoints_and_restores() {
+    let c = Containerd::start(Flavor::V2);
+    c.import(&belayer_integration::prereq::image("sandbox.tar"));
+    let watcher = r#"
+import ctypes, os, select
+os.makedirs("/w", exist_ok=True)
+open("/w/f", "w").close()
+libc = ctypes.CDLL(None)
+fd = libc.inotify_init()
+for p in (b"/w/f", b"/usr/lib/os-release", b"/usr/bin/python3"):
+    assert libc.inotify_add_watch(fd, p, 2) > 0, p  # IN_MODIFY
+open("/w/ready", "w").close()
+while True:
+    select.select([fd], [], [])
+    os.read(fd, 4096)
+    with open("/w/events", "a") as e:
+        e.write("modified\n")
+"#;
+    c.ctr(&[
+        "run",
+        "-d",
+        "--runtime",
+        BELAYER,
+        "belayer.local/sandbox:latest",
+        "ino",
+        "python3",
+        "-c",
+        watcher,
+    ])
+    .ok();
+    let sees_a_write = |id: &str, n: usize| {
+        let out = c.sh(id, &format!("w{n}"), "echo x >> /w/f");
+        assert_eq!(out.code, 0, "write in {id}: {out:?}");
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                let out = c.sh(id, &format!("r{n}"), "cat /w/events 2>/dev/null | wc -l");
+                out.stdout.trim().parse::<usize>().is_ok_and(|l| l >= n)
+            }),
+            "{id}: the watcher saw no write ({n} expected)"
+        );
+    };
+    assert!(
+        wait_until(Duration::from_secs(20), || c
+            .sh("ino", "ready", "test -e /w/ready")
+            .code
+            == 0),
+        "the watcher did not start"
+    );
+    sees_a_write("ino", 1);
+    let cp = checkpoint(&c, "ino");
+    sees_a_write("ino", 2);
+    crash(&c, "ino");
+    restore(&c, "ino", Some(&cp));
+    // The checkpoint's instant: one event seen; the write after it is the second.
+    sees_a_write("ino", 2);
+    let out = c.belayer(&["fork", "ino", "--checkpoint", &cp, "--count", "1"]);
+    assert_eq!(out.code, 0, "fork: {out:?}");
+    sees_a_write(out.stdout.trim(), 2);
+}

@@ -8,10 +8,18 @@
 //! On a cgroup v2 host whose runc is older than 1.2, the file also names the container's own
 //! cgroup as CRIU's cgroup2 root ([`cgroup_v2_root`]), which such a runc does not.
 //!
+//! And it names `/` as a path CRIU may scan for the file of an inotify or fanotify watch: a
+//! container's root filesystem is an overlay without `nfs_export`, whose file handles CRIU
+//! cannot open, so without a path found by that scan a process watching a file of its container
+//! (a file watcher, a dev server's reload) could not be checkpointed ("fsnotify: Can't dump that
+//! handle"). The scan runs only for such a watch, in the frozen window (about 0.2 s for a Debian
+//! image here), and needs Belayer's CRIU (`scripts/criu-patches/0002-irmap-scan-path-root.patch`:
+//! CRIU 4.2 scans nothing from `/`).
+//!
 //! An operator's `/etc/criu/runc.conf` is copied into the file, and a `network-lock` or
 //! `cgroup-root` it sets wins. A spec that names its own `org.criu.config` has that file copied
 //! instead (the operator's is then not read, as runc would not read it either), and what it sets
-//! wins the same way; when Belayer has nothing to add, the spec keeps pointing at it.
+//! wins the same way.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -68,13 +76,8 @@ pub fn cgroup_v2_root(
 }
 
 /// The file's text: the operator's runc.conf, then `network-lock LOCK` and the cgroup v2 root of
-/// [`cgroup_v2_root`], each unless the operator sets that option. `None` when there is nothing to
-/// add, so runc's default file serves unchanged.
-pub fn render(
-    operator: Option<&str>,
-    lock: Option<&str>,
-    cgroup_root: Option<&str>,
-) -> Option<String> {
+/// [`cgroup_v2_root`], each unless the operator sets that option, and [`IRMAP_ROOT`].
+pub fn render(operator: Option<&str>, lock: Option<&str>, cgroup_root: Option<&str>) -> String {
     let operator = operator.unwrap_or("");
     let sets = |key: &str| {
         operator.lines().any(|l| {
@@ -96,9 +99,7 @@ pub fn render(
         // `:` with no controller before it: cgroup2's (CRIU's --cgroup-root [ctrl]:/path).
         ours.push_str(&format!("cgroup-root :{root}\n"));
     }
-    if ours.is_empty() {
-        return None;
-    }
+    ours.push_str(IRMAP_ROOT);
     let mut text = String::new();
     if !operator.is_empty() {
         text.push_str(operator);
@@ -107,8 +108,13 @@ pub fn render(
         }
     }
     text.push_str(&ours);
-    Some(text)
+    text
 }
+
+/// Where CRIU looks for the file of a watch whose handle it cannot open: the whole root
+/// filesystem (see the module's documentation).
+pub const IRMAP_ROOT: &str =
+    "# Belayer: the files of inotify/fanotify watches on the overlay root\nirmap-scan-path /\n";
 
 /// Points `spec` (of `bundle`, container `id`) at a CRIU configuration file with the network
 /// lock of `setting` and, where runc needs it, the container's cgroup v2 root, before runc
@@ -153,9 +159,7 @@ fn apply_with(
         }
     };
     let root = cgroup_root(spec);
-    let Some(text) = render(operator.as_deref(), lock(), root.as_deref()) else {
-        return Ok(());
-    };
+    let text = render(operator.as_deref(), lock(), root.as_deref());
     let conf = bundle.join(FILE);
     std::fs::write(&conf, text).map_err(io(format!("write {}", conf.display())))?;
     spec.set_annotation(ANNOTATION, &conf.display().to_string())
@@ -168,37 +172,48 @@ mod tests {
     #[test]
     fn adds_the_lock_after_the_operators_settings() {
         assert_eq!(
-            render(None, Some("nftables"), None).unwrap(),
-            "# Belayer (network_lock in /etc/belayer/config.toml)\nnetwork-lock nftables\n"
+            render(None, Some("nftables"), None),
+            format!(
+                "# Belayer (network_lock in /etc/belayer/config.toml)\nnetwork-lock nftables\n{IRMAP_ROOT}"
+            )
         );
-        let text = render(Some("tcp-close"), Some("nftables"), None).unwrap();
+        let text = render(Some("tcp-close"), Some("nftables"), None);
         assert!(text.starts_with("tcp-close\n# Belayer"), "{text}");
-        assert!(text.ends_with("network-lock nftables\n"), "{text}");
+        assert!(
+            text.ends_with(&format!("network-lock nftables\n{IRMAP_ROOT}")),
+            "{text}"
+        );
     }
 
     #[test]
-    fn an_operators_own_lock_wins_and_no_lock_means_no_file() {
+    fn an_operators_own_lock_wins_and_the_irmap_root_is_always_named() {
         assert_eq!(
             render(Some("network-lock skip\n"), Some("nftables"), None),
-            None
+            format!("network-lock skip\n{IRMAP_ROOT}")
         );
         assert_eq!(
             render(Some("--network-lock iptables"), Some("nftables"), None),
-            None
+            format!("--network-lock iptables\n{IRMAP_ROOT}")
         );
-        assert_eq!(render(Some("tcp-close\n"), None, None), None);
-        assert_eq!(render(None, None, None), None);
+        assert_eq!(
+            render(Some("tcp-close\n"), None, None),
+            format!("tcp-close\n{IRMAP_ROOT}")
+        );
+        assert_eq!(render(None, None, None), IRMAP_ROOT);
     }
 
     #[test]
     fn names_the_cgroup2_root_unless_the_operator_does() {
-        let text = render(None, None, Some("/default/fork-1")).unwrap();
-        assert!(text.ends_with("\ncgroup-root :/default/fork-1\n"), "{text}");
-        let text = render(None, Some("nftables"), Some("/a")).unwrap();
+        let text = render(None, None, Some("/default/fork-1"));
+        assert!(text.contains("\ncgroup-root :/default/fork-1\n"), "{text}");
+        let text = render(None, Some("nftables"), Some("/a"));
         assert!(text.contains("network-lock nftables\n#"), "{text}");
-        assert!(text.ends_with("cgroup-root :/a\n"), "{text}");
-        assert_eq!(render(Some("cgroup-root /mine\n"), None, Some("/a")), None);
-        assert_eq!(render(None, None, Some("/with space")), None);
+        assert!(
+            text.ends_with(&format!("cgroup-root :/a\n{IRMAP_ROOT}")),
+            "{text}"
+        );
+        assert!(!render(Some("cgroup-root /mine\n"), None, Some("/a")).contains(":/a"));
+        assert!(!render(None, None, Some("/with space")).contains("cgroup-root"));
     }
 
     #[test]
@@ -228,7 +243,10 @@ mod tests {
         assert_eq!(conf, dir.join(FILE).display().to_string());
         let text = std::fs::read_to_string(&conf).unwrap();
         assert!(text.starts_with("tcp-close\n"), "{text}");
-        assert!(text.ends_with("network-lock skip\n"), "{text}");
+        assert!(
+            text.ends_with(&format!("network-lock skip\n{IRMAP_ROOT}")),
+            "{text}"
+        );
         assert_eq!(spec["ociVersion"], "1.0.2");
 
         // A spec's own file is copied in place of the operator's; what it sets wins.
@@ -257,18 +275,22 @@ mod tests {
             !text.contains("tcp-close") && !text.contains("nftables"),
             "{text}"
         );
-        assert!(text.ends_with("cgroup-root :/default/fork-1\n"), "{text}");
+        assert!(
+            text.ends_with(&format!("cgroup-root :/default/fork-1\n{IRMAP_ROOT}")),
+            "{text}"
+        );
         assert_eq!(
             spec.annotation(ANNOTATION),
             Some(dir.join(FILE).display().to_string().as_str())
         );
-        // Nothing to add: the spec keeps its own file.
+        // Its own lock and no cgroup root to name: still Belayer's file, for the irmap root.
         std::fs::write(dir.join("config.json"), &own).unwrap();
         let mut spec = Spec::load(&dir).unwrap();
         apply_with(&dir, &mut spec, &operator, || Some("nftables"), |_| None).unwrap();
+        let text = std::fs::read_to_string(dir.join(FILE)).unwrap();
         assert_eq!(
-            std::fs::read_to_string(dir.join("config.json")).unwrap(),
-            own
+            text,
+            format!("network-lock iptables\nfile-locks\n{IRMAP_ROOT}")
         );
         drop(tmp);
     }
