@@ -570,6 +570,14 @@ impl Containerd {
         run(&mut self.belayer_cmd(args), None, Duration::from_secs(300))
     }
 
+    /// [`Containerd::belayer`] with `$DOCKER_CONFIG` at `docker_config`: where `belayer push`
+    /// and `pull` read a registry's credentials.
+    pub fn belayer_docker(&self, docker_config: &Path, args: &[&str]) -> Out {
+        let mut cmd = self.belayer_cmd(args);
+        cmd.env("DOCKER_CONFIG", docker_config);
+        run(&mut cmd, None, Duration::from_secs(300))
+    }
+
     #[track_caller]
     pub fn import(&self, archive: &Path) {
         self.ctr(&["images", "import", &archive.display().to_string()])

@@ -22,13 +22,6 @@ use belayer_integration::{Containerd, Docker, Flavor, Out, prereq};
 use belayer_registry::testing::{PASSWORD, Registry, USER};
 use common::*;
 
-/// `belayer ARGS` on `node` with the docker config in `docker_config`.
-fn belayer_with(node: &Containerd, docker_config: &Path, args: &[&str]) -> Out {
-    let mut cmd = node.belayer_cmd(args);
-    cmd.env("DOCKER_CONFIG", docker_config);
-    belayer_integration::containerd::run(&mut cmd, None, Duration::from_secs(300))
-}
-
 /// Kills node `a` whole, as a node loss does: the processes of its container `id` (all of them:
 /// its init is its PID namespace's init), its shims and containerd; its store moves out of reach
 /// (`<store>.lost`, returned, for the caller to remove).
@@ -128,7 +121,7 @@ fn create_counter(node: &Containerd, id: &str) {
 fn push(node: &Containerd, docker: &Path, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["push", "--json"];
     all.extend_from_slice(args);
-    let out = belayer_with(node, docker, &all);
+    let out = node.belayer_docker(docker, &all);
     assert_eq!(out.code, 0, "push {args:?}: {out:?}");
     serde_json::from_str(out.stdout.trim()).expect("push JSON")
 }
@@ -189,16 +182,12 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
         "{pinned}"
     );
     // The container ran on through both pushes; a failed push (no credentials) leaves it so.
-    let refused = belayer_with(
-        &a,
-        &no_credentials,
-        &["push", "sb", &format!("{repo}:cp-x")],
-    );
+    let refused = a.belayer_docker(&no_credentials, &["push", "sb", &format!("{repo}:cp-x")]);
     assert_refused(&refused, 4, "no credentials");
     // Nor does a push of a checkpoint that is not there, or to a reference that is not one.
-    let missing = belayer_with(&a, &docker, &["push", "sb", "99", &format!("{repo}:cp-x")]);
+    let missing = a.belayer_docker(&docker, &["push", "sb", "99", &format!("{repo}:cp-x")]);
     assert_refused(&missing, 3, "99");
-    let bad = belayer_with(&a, &docker, &["push", "sb", "no-registry-host"]);
+    let bad = a.belayer_docker(&docker, &["push", "sb", "no-registry-host"]);
     assert_refused(&bad, 8, "no registry host");
     assert_eq!(task_status(&a, "sb"), "RUNNING");
     assert_eq!(
@@ -222,26 +211,22 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
     run_detached(&b, BELAYER, "b1-running", &["sleep", "1000"]);
     // A pin to a manifest the registry does not hold: refused before anything is created.
     let wrong = format!("{repo}:cp-2@sha256:{}", "0".repeat(64));
-    let out = belayer_with(&b, &docker, &["pull", &wrong, "--into", "b1"]);
+    let out = b.belayer_docker(&docker, &["pull", &wrong, "--into", "b1"]);
     assert_refused(&out, 3, "404");
     assert_nothing_left(&b, "b1");
     // A registry off loopback in plain HTTP, not allowed (no --plain-http).
-    let out = belayer_with(
-        &b,
-        &docker,
-        &["pull", "10.0.0.1:5000/x/y:z", "--into", "b1"],
-    );
+    let out = b.belayer_docker(&docker, &["pull", "10.0.0.1:5000/x/y:z", "--into", "b1"]);
     assert_refused(&out, 8, "loopback");
     // Into a container that already has a task.
-    let out = belayer_with(&b, &docker, &["pull", &pinned, "--into", "b1-running"]);
+    let out = b.belayer_docker(&docker, &["pull", &pinned, "--into", "b1-running"]);
     assert_refused(&out, 4, "already has a task");
     // Without credentials: refused by the registry.
-    let out = belayer_with(&b, &no_credentials, &["pull", &pinned, "--into", "b1"]);
+    let out = b.belayer_docker(&no_credentials, &["pull", &pinned, "--into", "b1"]);
     assert_refused(&out, 4, "no credentials");
     assert_nothing_left(&b, "b1");
 
     let pulled = Instant::now();
-    let out = belayer_with(&b, &docker, &["pull", &pinned, "--into", "b1", "--json"]);
+    let out = b.belayer_docker(&docker, &["pull", &pinned, "--into", "b1", "--json"]);
     assert_eq!(
         out.code,
         0,
@@ -319,7 +304,7 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
     let at = bytes.len() / 2;
     bytes[at] ^= 0x01;
     std::fs::write(&victim, &bytes).unwrap();
-    let out = belayer_with(&b, &docker, &["pull", &pinned, "--into", "b2"]);
+    let out = b.belayer_docker(&docker, &["pull", &pinned, "--into", "b2"]);
     assert_refused(&out, 5, "hashes to");
     assert_nothing_left(&b, "b2");
     assert_eq!(task_status(&b, "b1"), "RUNNING");
@@ -378,7 +363,7 @@ fn the_reference_episode_continues_on_another_node() {
     .ok();
     let t = Instant::now();
     let pinned = p2["reference"].as_str().unwrap();
-    let out = belayer_with(&b, &docker, &["pull", pinned, "--into", "episode-b"]);
+    let out = b.belayer_docker(&docker, &["pull", pinned, "--into", "episode-b"]);
     let pull_s = t.elapsed().as_secs_f64();
     assert_eq!(
         out.code,
@@ -467,8 +452,7 @@ fn a_docker_sandbox_continues_in_docker_on_another_node() {
         .join(db.id("dk2"))
         .join("checkpoints");
     std::fs::create_dir_all(&checkpoint_dir).unwrap();
-    let out = belayer_with(
-        &b,
+    let out = b.belayer_docker(
         &docker_config,
         &[
             "pull",
@@ -597,8 +581,7 @@ fn automatic_replication_carries_a_sandbox_through_a_node_loss() {
 
     // Node B: the newest replicated, by the container's own tag.
     create_counter(&b, "rb");
-    let out = belayer_with(
-        &b,
+    let out = b.belayer_docker(
         &docker,
         &["pull", &format!("{repo}:ra"), "--into", "rb", "--json"],
     );
