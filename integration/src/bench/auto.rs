@@ -75,7 +75,8 @@ pub struct Turn {
     pub answered_unix_ms: u64,
 }
 
-fn unix_ms() -> u64 {
+/// Now, in milliseconds since the Unix epoch: the clock of a checkpoint's `created_unix_ms`.
+pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

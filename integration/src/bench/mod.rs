@@ -11,6 +11,8 @@
 //! - `vllm`: an unchanged vLLM losing its worker (shadow takeover through the broker vs a cold
 //!   restart);
 //! - `sched`: the checkpoint-scheduling simulator;
+//! - `push`: checkpoints through a real registry to another node, and the replication lag,
+//!   against `ctr` pushing containerd's own checkpoint image;
 //! - `chaos`, `zdtm`: the fault-injection soak and CRIU's ZDTM suite through Belayer.
 
 pub mod auto;
@@ -24,7 +26,9 @@ pub mod openai;
 pub mod plot;
 pub mod podman;
 pub mod procs;
+pub mod push;
 pub mod record;
+pub mod replication;
 pub mod report;
 pub mod rollout;
 pub mod sched;

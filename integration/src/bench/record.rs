@@ -57,7 +57,7 @@ pub fn git_commit() -> String {
 }
 
 /// The suites that drive containerd, runc or CRIU, and so run as root.
-const ROOT: [&str; 6] = ["env", "auto", "gateway", "rollout", "chaos", "zdtm"];
+const ROOT: [&str; 7] = ["env", "auto", "gateway", "rollout", "chaos", "zdtm", "push"];
 
 /// The command that reproduces a run of `suite`: `belayer-bench` and the arguments it was given.
 pub fn command(suite: &str) -> String {

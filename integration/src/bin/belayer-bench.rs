@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use belayer_api::report::chain;
 use belayer_integration::bench::{
-    auto, chaos, env, gateway, rollout, run_main, sched, vllm, worker, zdtm,
+    auto, chaos, env, gateway, push, rollout, run_main, sched, vllm, worker, zdtm,
 };
 use clap::{Parser, Subcommand};
 
@@ -37,6 +37,8 @@ enum Suite {
     Chaos(chaos::Args),
     /// CRIU's ZDTM static suite: restore, fork, auto recovery vs containerd's (root)
     Zdtm(zdtm::Args),
+    /// Checkpoints through a registry to another node, replication lag, vs `ctr` (root)
+    Push(push::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,5 +52,6 @@ fn main() -> ExitCode {
         Suite::Sched(a) => run_main("sched", false, || sched::run(&a)),
         Suite::Chaos(a) => run_main("chaos", true, || chaos::run(&a)),
         Suite::Zdtm(a) => run_main("zdtm", true, || zdtm::run(&a)),
+        Suite::Push(a) => run_main("push", true, || push::run(&a)),
     }
 }
