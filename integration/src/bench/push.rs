@@ -302,8 +302,17 @@ fn restore_on_b(n: &Nodes, side: Side, pinned: &str, samples: &mut Samples, chec
     let pulled = outs.last().is_some_and(|o| o.code == 0);
     let running = pulled && wait_status(&n.b, &[&target], "RUNNING", Duration::from_secs(60));
     let secs = start.elapsed().as_secs_f64();
+    // What the last command printed last (Belayer's pull: its JSON), or how each one exited.
+    let detail = match outs.last() {
+        Some(o) if running => o.stdout.lines().last().unwrap_or_default().to_string(),
+        _ => outs
+            .iter()
+            .map(|o| format!("exit {}: {}", o.code, o.stderr.trim()))
+            .collect::<Vec<_>>()
+            .join("; "),
+    };
     let what = "node B: pull + restore runs the task";
-    checks.record(key, 1, &target, what, running, format!("{outs:?}"));
+    checks.record(key, 1, &target, what, running, detail);
     if running {
         let s = Sandbox::attach(&n.b, &target);
         let exec = |script: &str| s.exec(script, None);
