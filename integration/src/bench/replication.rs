@@ -3,10 +3,10 @@
 //! and `io.belayer.replicate=REPO` on node A (the node's default upload rate and in-flight
 //! bounds), `belayer status` sampled every [`PERIOD`] from the sandbox's start until replication
 //! has caught up after the last turn. Reported: `replication.behind_ms` (how long the oldest
-//! checkpoint not yet in the registry has waited) and the checkpoints behind, over the samples
-//! taken while the episode ran; per checkpoint, the time from its instant to the first sample
-//! in which it or a newer one was replicated; pushes, failures, and the bytes the registry
-//! stored.
+//! checkpoint not yet in the registry has waited) and the checkpoints behind, over every sample;
+//! per checkpoint, the time from its instant to the first sample in which it or a newer one was
+//! replicated; pushes, failures, how long replication took to catch up after the last turn, and
+//! the bytes the registry stored.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -34,7 +34,8 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(180);
 /// One `belayer status` of the sandbox.
 struct Sample {
     at_ms: u64,
-    /// Taken while the episode ran (not while replication caught up after it).
+    /// Taken while the episode ran (not while replication caught up after it): the catching up
+    /// is waited for from the first sample that is not.
     in_episode: bool,
     behind: usize,
     behind_ms: u64,
@@ -135,9 +136,8 @@ fn registry_bytes(registry: &Registry) -> u64 {
 }
 
 fn figures(seen: &Seen, episode_s: f64, drain_s: f64, stored: u64, checks: &mut Checks) -> Value {
-    let during: Vec<&Sample> = seen.samples.iter().filter(|s| s.in_episode).collect();
-    let behind_ms: Vec<f64> = during.iter().map(|s| s.behind_ms as f64).collect();
-    let behind: Vec<f64> = during.iter().map(|s| s.behind as f64).collect();
+    let behind_ms: Vec<f64> = seen.samples.iter().map(|s| s.behind_ms as f64).collect();
+    let behind: Vec<f64> = seen.samples.iter().map(|s| s.behind as f64).collect();
     // Per checkpoint: its instant to the first sample in which it, or a newer one, was
     // replicated (none: it never was).
     let to_safe: BTreeMap<u64, Option<u64>> = seen
@@ -222,20 +222,17 @@ pub fn table(lag: &Value) -> String {
         lag["period_ms"]
     );
     t.push_str(&row(
-        "`behind_ms` while the episode ran: how long the oldest checkpoint not yet in the registry had waited (ms)",
+        "`behind_ms`, from the sandbox's start until caught up: how long the oldest checkpoint not yet in the registry had waited (ms)",
         &lag["behind_ms"],
     ));
-    t.push_str(&row(
-        "checkpoints behind while the episode ran",
-        &lag["behind"],
-    ));
+    t.push_str(&row("checkpoints behind, the same samples", &lag["behind"]));
     t.push_str(&row(
         "per checkpoint: its instant → it or a newer one replicated (ms, to the sample that saw it)",
         &lag["to_replicated_ms"],
     ));
     let _ = writeln!(
         t,
-        "\n{} automatic checkpoints, {} pushes ({} checkpoints not pushed: a newer one went up in their place), \
+        "\n{} automatic checkpoints, {} pushes ({} not pushed: a newer checkpoint went up in its place), \
          {} failed, {} never covered by a replicated one; the episode took {:.1} s and replication caught up {:.1} s \
          after its last turn; the registry stored {:.1} MB.",
         lag["checkpoints_taken"],
