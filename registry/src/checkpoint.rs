@@ -177,7 +177,9 @@ impl ArchiveParts {
     }
 }
 
-fn is_component(s: &str) -> bool {
+/// One path component: not empty, `.` or `..`, with no `/` and no NUL (which would end the name
+/// early for a C reader: another name than the one checked).
+pub(crate) fn is_component(s: &str) -> bool {
     !s.is_empty() && s != "." && s != ".." && !s.contains('/') && !s.contains('\0')
 }
 

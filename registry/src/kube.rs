@@ -204,14 +204,8 @@ pub fn checkpoint_image(
             }
             continue;
         }
-        // A NUL would end the name early for the layer's readers: another name than checked.
-        if entry.path.starts_with('/')
-            || entry.path.contains('\0')
-            || entry
-                .path
-                .split('/')
-                .any(|c| c.is_empty() || c == "." || c == "..")
-        {
+        // Relative, each component a real name (a leading `/` makes an empty first one).
+        if !entry.path.split('/').all(crate::checkpoint::is_component) {
             return Err(bad(CriArchiveError::Path { member: member() }));
         }
         if !(entry.is_file() || entry.is_dir()) {

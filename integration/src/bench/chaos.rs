@@ -138,7 +138,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     summary["leaks"] = json!(report.leaks.len());
     summary["over_retention_checks"] = json!(report.over_retention.0);
     rec.report(&report.table(), results, Some(report.plot()), summary)?;
-    let _ = std::fs::remove_dir_all(&bins);
+    drop(bins);
     Ok(report.passed())
 }
 

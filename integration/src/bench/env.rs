@@ -92,7 +92,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     drop(c);
     drop(c_like);
     let _ = std::fs::remove_file(&config);
-    let _ = std::fs::remove_dir_all(&bins);
+    drop(bins);
 
     let table = report::table(&samples, &checks, &podman_status, args.runs);
     let mut results = report::results(&samples, &checks, &podman_status, belayer_info);

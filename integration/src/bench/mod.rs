@@ -99,11 +99,21 @@ pub fn run_main(name: &str, root: bool, bench: impl FnOnce() -> Result<bool, Str
     }
 }
 
+/// The private copy of the binaries under test [`snapshot_bins`] made; the directory goes when
+/// this is dropped (keep it until the benchmark's processes are done with it).
+pub struct BinSnapshot(PathBuf);
+
+impl Drop for BinSnapshot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Hard-links (or copies) the binaries under test into a private directory beside them and
 /// points `$BELAYER_BIN_DIR` there: the target dir is shared with builds that replace them
-/// while a benchmark runs. Call while single-threaded; the caller removes the directory
-/// (`prereq::bin_dir()`) when done.
-pub fn snapshot_bins(names: &[&str]) -> Result<PathBuf, String> {
+/// while a benchmark runs. Call while single-threaded; dropping the result removes the
+/// directory.
+pub fn snapshot_bins(names: &[&str]) -> Result<BinSnapshot, String> {
     let from = crate::prereq::bin_dir();
     let to = from.join(format!(".bench-{}", std::process::id()));
     std::fs::create_dir_all(&to).map_err(|e| format!("create {}: {e}", to.display()))?;
@@ -122,7 +132,7 @@ pub fn snapshot_bins(names: &[&str]) -> Result<PathBuf, String> {
     }
     // SAFETY: the caller is single-threaded, nothing reads the environment concurrently.
     unsafe { std::env::set_var("BELAYER_BIN_DIR", &to) };
-    Ok(to)
+    Ok(BinSnapshot(to))
 }
 
 /// Polls `f` every 20 ms until it holds or `limit` passes; returns whether it held.

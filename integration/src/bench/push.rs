@@ -505,7 +505,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     });
     drop(n);
     let _ = std::fs::remove_dir_all(&scratch);
-    let _ = std::fs::remove_dir_all(&bins);
+    drop(bins);
 
     let failed = checks.failed();
     let mut t = table(&samples, &checks, &pushes, args.holder_mb);

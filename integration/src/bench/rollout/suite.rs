@@ -13,7 +13,7 @@ use crate::{Containerd, Flavor, prereq};
 /// Runs the suite. Call while single-threaded (it points `$BELAYER_BIN_DIR` at the snapshot).
 pub fn main(args: &Args) -> Result<bool, String> {
     args.validate()?;
-    crate::bench::snapshot_bins(&[
+    let _bins = crate::bench::snapshot_bins(&[
         "containerd-shim-belayer-v1",
         "belayer",
         "belayer-gpu-broker",
