@@ -146,6 +146,19 @@ pub struct CommitEntry {
     pub finished: bool,
 }
 
+/// A full KV block the lease holder wrote: which prefix it holds and a checksum of its bytes.
+/// Recorded as the block fills; a successor adopts the block after the holder's confirmed death
+/// only if the checksum still matches (the broker never reads KV bytes itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvBlock {
+    /// The engine's block index inside the holder's KV pages.
+    pub block: u32,
+    /// Hash of every token up to the end of this block (a chain over the blocks before it).
+    pub prefix: [u8; 16],
+    /// Checksum of the block's bytes in every layer.
+    pub checksum: u64,
+}
+
 /// A request's log as the broker holds it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestLog {
@@ -302,6 +315,38 @@ pub enum Msg {
         /// Epoch of the caller's grant.
         epoch: u64,
     },
+    /// Lease holder → broker: record full KV blocks (the latest record of a block index wins).
+    KvNote {
+        /// Epoch of the caller's grant.
+        epoch: u64,
+        /// The blocks.
+        blocks: Vec<KvBlock>,
+    },
+    /// Lease holder → broker: the KV blocks a confirmed-dead predecessor left, from block index
+    /// `from` on.
+    KvAdoptReq {
+        /// Epoch of the caller's grant.
+        epoch: u64,
+        /// First block index wanted (paging through long lists).
+        from: u32,
+    },
+    /// Broker → lease holder: the predecessor's KV pages (kept out of the free pool until
+    /// [`Msg::KvAdoptDone`]) and its block records; no pages when nothing may be adopted.
+    KvAdoptable {
+        /// The predecessor's page size.
+        page_bytes: u64,
+        /// The predecessor's KV pages as (first, count) runs.
+        pages: Vec<(u32, u32)>,
+        /// Records with block index ≥ `from`, ascending, at most [`MAX_KV_BLOCKS`].
+        blocks: Vec<KvBlock>,
+        /// More records follow: ask again from the last block index + 1.
+        more: bool,
+    },
+    /// Lease holder → broker: adoption over; the predecessor's pages return to the pool.
+    KvAdoptDone {
+        /// Epoch of the caller's grant.
+        epoch: u64,
+    },
     /// Anyone → broker: revoke the current lease (bump the epoch) and promote a shadow.
     Fence,
     /// Broker → client: generic success, with the current epoch.
@@ -324,4 +369,4 @@ pub enum Msg {
 
 mod codec;
 
-pub use codec::{MAX_LIST, decode, encode, frame_fits};
+pub use codec::{MAX_KV_BLOCKS, MAX_LIST, decode, encode, frame_fits};

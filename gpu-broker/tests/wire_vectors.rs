@@ -7,8 +7,8 @@
 use std::path::PathBuf;
 
 use gpu_broker::wire::{
-    CommitEntry, ErrorCode, Msg, RegionInfo, RegionKind, RequestLog, Role, SamplingParams, Status,
-    decode, encode,
+    CommitEntry, ErrorCode, KvBlock, Msg, RegionInfo, RegionKind, RequestLog, Role, SamplingParams,
+    Status, decode, encode,
 };
 
 fn dir() -> PathBuf {
@@ -171,6 +171,45 @@ fn vectors() -> Vec<(&'static str, Msg)> {
         ("ok", Msg::Ok { epoch: 9 }),
         ("status-req", Msg::StatusReq),
         (
+            "kv-note",
+            Msg::KvNote {
+                epoch: 6,
+                blocks: vec![
+                    KvBlock {
+                        block: 1,
+                        prefix: *b"0123456789abcdef",
+                        checksum: 0x0102_0304_0506_0708,
+                    },
+                    KvBlock {
+                        block: u32::MAX,
+                        prefix: [0xff; 16],
+                        checksum: u64::MAX,
+                    },
+                ],
+            },
+        ),
+        (
+            "kv-adopt-req",
+            Msg::KvAdoptReq {
+                epoch: 6,
+                from: 300,
+            },
+        ),
+        (
+            "kv-adoptable",
+            Msg::KvAdoptable {
+                page_bytes: 2 << 20,
+                pages: vec![(0, 128)],
+                blocks: vec![KvBlock {
+                    block: 300,
+                    prefix: [0; 16],
+                    checksum: 42,
+                }],
+                more: true,
+            },
+        ),
+        ("kv-adopt-done", Msg::KvAdoptDone { epoch: 6 }),
+        (
             "status-reply",
             Msg::StatusReply(Status {
                 instance: 1,
@@ -224,7 +263,14 @@ fn bad_vectors() -> Vec<(&'static str, Vec<u8>)> {
     // Prompt length field after params (20) and sampler state (8): offset 56.
     let mut tokens = admit;
     tokens[56..60].copy_from_slice(&(12 * 1024 + 1u32).to_le_bytes());
+    // KvNote: header 12, epoch 8, then the block count: one over the bound.
+    let mut kv_blocks = encode(&Msg::KvNote {
+        epoch: 1,
+        blocks: Vec::new(),
+    });
+    kv_blocks[20..24].copy_from_slice(&(2048 + 1u32).to_le_bytes());
     vec![
+        ("bad-kv-block-count", kv_blocks),
         ("bad-magic", magic),
         ("bad-version", version),
         ("bad-trailing", trailing),

@@ -17,7 +17,7 @@ extern "C" fn on_term(_: libc::c_int) {
 const USAGE: &str = "usage: belayer-gpu-broker --socket PATH [--backend host|cuda] [--lease-ms N] \
 [--kv-mib N] [--no-seal-weights] [--checksum always|unsealed] [--keep-finished N] \
 [--keep-finished-tokens N] [--allow-uid UID]... [--operator-uid UID]... [--socket-group GROUP] \
-[--max-peers N]
+[--max-peers N] [--kv-adopt-ms N]
 
   --allow-uid UID           a uid (or user name) that may connect, besides root and the broker's
                             own uid (checked with SO_PEERCRED); repeatable
@@ -26,6 +26,9 @@ const USAGE: &str = "usage: belayer-gpu-broker --socket PATH [--backend host|cud
   --socket-group GROUP      create the socket 0660 owned by this group (name or gid) instead of
                             0600; its members still need --allow-uid
   --max-peers N             connections served at once (default 256); more are refused
+  --kv-adopt-ms N           how long a dead primary's KV pages stay out of the pool for its
+                            successor to adopt checksummed blocks from (default 60000; 0: never
+                            kept, every takeover rebuilds its KV by prefill)
   --keep-finished N         finished requests the token log keeps for resends (default and
                             most 2048)
   --keep-finished-tokens N  their prompt + generated tokens at most (default 67108864)";
@@ -64,6 +67,7 @@ fn main() -> Result<()> {
     let mut backend = String::from("host");
     let mut lease_ms = 10_000u64;
     let mut kv_mib = 2048u64;
+    let mut kv_adopt_ms = 60_000u64;
     let mut seal = true;
     let mut checksum = ChecksumPolicy::Unsealed;
     let mut retention = gpu_broker::broker::log::Retention::default();
@@ -79,6 +83,7 @@ fn main() -> Result<()> {
             "--backend" => backend = val()?,
             "--lease-ms" => lease_ms = val()?.parse().context("--lease-ms")?,
             "--kv-mib" => kv_mib = val()?.parse().context("--kv-mib")?,
+            "--kv-adopt-ms" => kv_adopt_ms = val()?.parse().context("--kv-adopt-ms")?,
             "--no-seal-weights" => seal = false,
             "--allow-uid" => access.uids.push(uid(&val()?)?),
             "--operator-uid" => {
@@ -128,6 +133,7 @@ fn main() -> Result<()> {
     cfg.seal_weights = seal;
     cfg.checksum = checksum;
     cfg.access = access;
+    cfg.kv_adopt_keep = Duration::from_millis(kv_adopt_ms);
     if retention.requests > gpu_broker::broker::log::MAX_KEPT_FINISHED {
         bail!(
             "--keep-finished {}: at most {} (the rest of a {}-id log listing is left to requests in flight)",

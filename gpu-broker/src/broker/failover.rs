@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::{Broker, ChecksumPolicy, Zombie};
+use super::{Adoptable, Broker, ChecksumPolicy, Zombie};
 
 impl Broker {
     /// The primary's connection closed, its lease expired, it sent garbage, or a fence was asked
@@ -28,8 +28,24 @@ impl Broker {
         );
         match (dead, pidfd) {
             (true, _) => {
-                if let Some(kv) = self.kv.as_mut() {
-                    kv.pages.give_back(&lease.pages);
+                // No writer is left: its blocks may be adopted (each checked against its
+                // checksum by the successor), so its pages stay out of the pool for a while.
+                self.drop_adoptable("a newer primary died");
+                if lease.kv_notes.is_empty() || self.cfg.kv_adopt_keep.is_zero() {
+                    if let Some(kv) = self.kv.as_mut() {
+                        kv.pages.give_back(&lease.pages);
+                    }
+                } else if let Some(kv) = self.kv.as_ref() {
+                    tracing::info!(
+                        blocks = lease.kv_notes.len(),
+                        "the dead primary's KV blocks are kept for adoption"
+                    );
+                    self.adoptable = Some(Adoptable {
+                        pages: lease.pages,
+                        page_bytes: kv.page_bytes,
+                        blocks: lease.kv_notes,
+                        until: Instant::now() + self.cfg.kv_adopt_keep,
+                    });
                 }
             }
             (false, Some(pidfd)) => {
@@ -139,8 +155,25 @@ impl Broker {
         self.peers.remove(&peer);
     }
 
-    /// Periodic work: lease expiry, zombie reaping.
+    /// Returns a dead primary's kept KV pages to the pool.
+    pub(super) fn drop_adoptable(&mut self, why: &str) {
+        if let Some(a) = self.adoptable.take() {
+            tracing::info!(why, "the dead primary's KV pages return to the pool");
+            if let Some(kv) = self.kv.as_mut() {
+                kv.pages.give_back(&a.pages);
+            }
+        }
+    }
+
+    /// Periodic work: lease expiry, zombie reaping, adoption's end.
     pub(super) fn tick(&mut self) {
+        if self
+            .adoptable
+            .as_ref()
+            .is_some_and(|a| Instant::now() > a.until)
+        {
+            self.drop_adoptable("kept for adoption long enough");
+        }
         if self
             .lease
             .as_ref()
@@ -167,6 +200,8 @@ impl Broker {
 
     /// The next deadline the server must wake up for.
     pub(super) fn next_deadline(&self) -> Option<Instant> {
-        self.lease.as_ref().map(|l| l.deadline)
+        let lease = self.lease.as_ref().map(|l| l.deadline);
+        let adopt = self.adoptable.as_ref().map(|a| a.until);
+        lease.into_iter().chain(adopt).min()
     }
 }

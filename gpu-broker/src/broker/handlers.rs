@@ -4,9 +4,9 @@
 use std::os::fd::BorrowedFd;
 use std::time::Instant;
 
-use super::{Broker, Lease, Waiting};
+use super::{Broker, Lease, MAX_KV_NOTES, Waiting};
 use crate::seqpacket::SocketError;
-use crate::wire::{ErrorCode, MAX_FRAME, Msg, Role};
+use crate::wire::{ErrorCode, KvBlock, MAX_FRAME, MAX_KV_BLOCKS, Msg, Role};
 
 /// Why a connection is dropped.
 pub(super) type Violation = String;
@@ -133,6 +133,33 @@ impl Broker {
                         Ok(()) => Msg::Ok { epoch },
                         Err(e) => err(ErrorCode::BadRequest, e.to_string()),
                     },
+                };
+                self.reply(peer, &r, &[]);
+                Ok(())
+            }
+            (Some(_), Msg::KvNote { epoch, blocks }) => {
+                let r = match self.check_lease(peer, epoch) {
+                    Some(m) => m,
+                    None => self.on_kv_note(epoch, &blocks),
+                };
+                self.reply(peer, &r, &[]);
+                Ok(())
+            }
+            (Some(_), Msg::KvAdoptReq { epoch, from }) => {
+                let r = match self.check_lease(peer, epoch) {
+                    Some(m) => m,
+                    None => self.kv_adoptable(from),
+                };
+                self.reply(peer, &r, &[]);
+                Ok(())
+            }
+            (Some(_), Msg::KvAdoptDone { epoch }) => {
+                let r = match self.check_lease(peer, epoch) {
+                    Some(m) => m,
+                    None => {
+                        self.drop_adoptable("the successor is done adopting");
+                        Msg::Ok { epoch }
+                    }
                 };
                 self.reply(peer, &r, &[]);
                 Ok(())
@@ -288,9 +315,59 @@ impl Broker {
         Ok(())
     }
 
+    /// Records the lease holder's full KV blocks (its lease was checked).
+    fn on_kv_note(&mut self, epoch: u64, blocks: &[KvBlock]) -> Msg {
+        let Some(l) = self.lease.as_mut() else {
+            return err(ErrorCode::NotPrimary, "this connection holds no lease");
+        };
+        for b in blocks {
+            if l.kv_notes.len() >= MAX_KV_NOTES && !l.kv_notes.contains_key(&b.block) {
+                return err(
+                    ErrorCode::BadRequest,
+                    format!("more than {MAX_KV_NOTES} KV block records for one lease"),
+                );
+            }
+            l.kv_notes.insert(b.block, *b);
+        }
+        Msg::Ok { epoch }
+    }
+
+    /// The dead predecessor's pages and block records from block index `from` on.
+    fn kv_adoptable(&self, from: u32) -> Msg {
+        let Some(a) = self.adoptable.as_ref() else {
+            return Msg::KvAdoptable {
+                page_bytes: 0,
+                pages: Vec::new(),
+                blocks: Vec::new(),
+                more: false,
+            };
+        };
+        let mut blocks: Vec<KvBlock> = a
+            .blocks
+            .range(from..)
+            .take(MAX_KV_BLOCKS + 1)
+            .map(|(_, b)| *b)
+            .collect();
+        let more = blocks.len() > MAX_KV_BLOCKS;
+        blocks.truncate(MAX_KV_BLOCKS);
+        Msg::KvAdoptable {
+            page_bytes: a.page_bytes,
+            pages: a.pages.clone(),
+            blocks,
+            more,
+        }
+    }
+
     /// Grants the lease to `peer` under a new epoch.
     pub(super) fn grant(&mut self, peer: u32, page_bytes: u64, pages: u32) {
-        let runs = match self.take_kv_pages(page_bytes, pages) {
+        let mut taken = self.take_kv_pages(page_bytes, pages);
+        if taken.is_err() && self.adoptable.is_some() {
+            // The arena has no room for a fresh run beside the dead primary's: the successor
+            // rebuilds its KV instead of adopting it.
+            self.drop_adoptable("no room for a new primary beside them");
+            taken = self.take_kv_pages(page_bytes, pages);
+        }
+        let runs = match taken {
             Ok(runs) => runs,
             Err(m) => {
                 self.reply(peer, &m, &[]);
@@ -309,6 +386,7 @@ impl Broker {
             epoch: self.epoch,
             pages: runs.clone(),
             deadline: Instant::now() + self.cfg.lease,
+            kv_notes: Default::default(),
         });
         tracing::info!(
             peer,

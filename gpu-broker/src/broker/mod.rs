@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, Region};
 use crate::pidfd::PidFd;
 use crate::seqpacket::Conn;
-use crate::wire::{Role, Status};
+use crate::wire::{KvBlock, Role, Status};
 
 mod failover;
 mod handlers;
@@ -51,6 +51,9 @@ pub struct Config {
     pub log_retention: log::Retention,
     /// Who may connect and as what (`SO_PEERCRED`), the socket's mode, the peer cap.
     pub access: Access,
+    /// How long a dead primary's KV pages are kept for its successor to adopt blocks from,
+    /// unless the successor says it is done sooner.
+    pub kv_adopt_keep: Duration,
 }
 
 /// Who may use the broker. Checked by the broker itself, whatever the umask or the directory the
@@ -104,6 +107,7 @@ impl Config {
             confirm_timeout: Duration::from_millis(500),
             log_retention: log::Retention::default(),
             access: Access::default(),
+            kv_adopt_keep: Duration::from_secs(60),
         }
     }
 }
@@ -123,6 +127,20 @@ struct Lease {
     epoch: u64,
     pages: Vec<(u32, u32)>,
     deadline: Instant,
+    /// The holder's full KV blocks by block index (`KvNote`), at most [`MAX_KV_NOTES`].
+    kv_notes: BTreeMap<u32, KvBlock>,
+}
+
+/// Most KV block records one lease keeps (a vLLM has one per block of its KV cache).
+const MAX_KV_NOTES: usize = 1 << 20;
+
+/// A confirmed-dead primary's KV pages and block records, kept out of the free pool so its
+/// successor can verify and copy blocks from them.
+struct Adoptable {
+    pages: Vec<(u32, u32)>,
+    page_bytes: u64,
+    blocks: BTreeMap<u32, KvBlock>,
+    until: Instant,
 }
 
 struct Zombie {
@@ -167,6 +185,7 @@ pub struct Broker {
     shadows: VecDeque<Waiting>,
     weights: Option<Weights>,
     kv: Option<Kv>,
+    adoptable: Option<Adoptable>,
     log: log::TokenLog,
     /// A failure happened and no one has taken over yet.
     orphaned: bool,
@@ -205,6 +224,7 @@ impl Broker {
             shadows: VecDeque::new(),
             weights: None,
             kv: None,
+            adoptable: None,
             log,
             orphaned: false,
             weights_ok: true,

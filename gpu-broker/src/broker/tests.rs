@@ -9,7 +9,9 @@ use super::{Broker, Config, Peer};
 use crate::backend::host::HostBackend;
 use crate::pidfd::PidFd;
 use crate::seqpacket::{Conn, SocketError};
-use crate::wire::{ErrorCode, MAX_TOKENS, Msg, RequestLog, Role, SamplingParams, Status};
+use crate::wire::{
+    ErrorCode, KvBlock, MAX_KV_BLOCKS, MAX_TOKENS, Msg, RequestLog, Role, SamplingParams, Status,
+};
 
 const PAGE: u64 = 4096;
 
@@ -273,6 +275,173 @@ fn a_fenced_primary_is_not_promoted_from_its_own_queued_acquire() {
     assert!(b.lease.is_none(), "the fenced shadow was promoted again");
     assert!(b.shadows.is_empty());
     assert!(matches!(sw.recv(), Err(SocketError::WouldBlock)));
+}
+
+fn kv_block(block: u32) -> KvBlock {
+    KvBlock {
+        block,
+        prefix: [block as u8; 16],
+        checksum: u64::from(block) * 3,
+    }
+}
+
+/// (pages, blocks, more) of a `KvAdoptable` reply.
+type Adoptable = (Vec<(u32, u32)>, Vec<KvBlock>, bool);
+
+fn adoptable(b: &mut Broker, peer: u32, c: &Conn, epoch: u64, from: u32) -> Adoptable {
+    b.handle(peer, Msg::KvAdoptReq { epoch, from }).unwrap();
+    match reply(c) {
+        Msg::KvAdoptable {
+            pages,
+            blocks,
+            more,
+            ..
+        } => (pages, blocks, more),
+        m => panic!("expected KvAdoptable, got {m:?}"),
+    }
+}
+
+/// A primary (a real child process) holding 2 of `arena_pages` pages with noted KV blocks 1..=3,
+/// and a shadow waiting: (primary's child, its connection, shadow id, shadow connection).
+fn noted_primary_and_shadow(b: &mut Broker) -> (Sleeper, Conn, u32, Conn) {
+    let child = Sleeper::new();
+    let (p, pw) = connect(b, Role::Primary, Some(child.pidfd()));
+    acquire(b, p, PAGE, 2).unwrap();
+    let epoch = grant_epoch(&pw);
+    let blocks = (1..=3).map(kv_block).collect();
+    b.handle(p, Msg::KvNote { epoch, blocks }).unwrap();
+    assert!(matches!(reply(&pw), Msg::Ok { .. }));
+    // A later record of a block replaces the earlier one.
+    let mut again = kv_block(2);
+    again.checksum = 99;
+    b.handle(
+        p,
+        Msg::KvNote {
+            epoch,
+            blocks: vec![again],
+        },
+    )
+    .unwrap();
+    assert!(matches!(reply(&pw), Msg::Ok { .. }));
+    let (s, sw) = connect(b, Role::Shadow, None);
+    acquire(b, s, PAGE, 2).unwrap();
+    (child, pw, s, sw)
+}
+
+#[test]
+fn a_dead_primarys_kv_blocks_go_to_its_successor_on_pages_kept_apart() {
+    let mut b = broker(8 * PAGE);
+    let (mut child, _pw, s, sw) = noted_primary_and_shadow(&mut b);
+    child.kill();
+    b.primary_lost("pid exited");
+    let (epoch, pages) = match reply(&sw) {
+        Msg::Grant { epoch, pages, .. } => (epoch, pages),
+        m => panic!("{m:?}"),
+    };
+    assert_eq!(
+        pages,
+        vec![(2, 2)],
+        "the dead primary's pages were handed out again"
+    );
+    let (old, blocks, more) = adoptable(&mut b, s, &sw, epoch, 0);
+    assert_eq!(old, vec![(0, 2)]);
+    let mut want: Vec<KvBlock> = (1..=3).map(kv_block).collect();
+    want[1].checksum = 99;
+    assert_eq!((blocks, more), (want.clone(), false));
+    assert_eq!(adoptable(&mut b, s, &sw, epoch, 2).1, want[1..].to_vec());
+    assert_eq!(b.kv.as_ref().unwrap().pages.free_count(), 4);
+    b.handle(s, Msg::KvAdoptDone { epoch }).unwrap();
+    assert!(matches!(reply(&sw), Msg::Ok { .. }));
+    assert_eq!(b.kv.as_ref().unwrap().pages.free_count(), 6);
+    assert_eq!(adoptable(&mut b, s, &sw, epoch, 0), (vec![], vec![], false));
+}
+
+#[test]
+fn a_fenced_live_primarys_kv_blocks_are_never_offered() {
+    let mut b = broker(8 * PAGE);
+    let (_child, _pw, s, sw) = noted_primary_and_shadow(&mut b);
+    b.primary_lost("fenced");
+    let epoch = grant_epoch(&sw);
+    assert_eq!(adoptable(&mut b, s, &sw, epoch, 0), (vec![], vec![], false));
+}
+
+#[test]
+fn with_no_room_beside_them_the_dead_primarys_pages_go_to_its_successor_unadopted() {
+    let mut b = broker(2 * PAGE);
+    let (mut child, _pw, s, sw) = noted_primary_and_shadow(&mut b);
+    child.kill();
+    b.primary_lost("pid exited");
+    let epoch = match reply(&sw) {
+        Msg::Grant { epoch, pages, .. } => {
+            assert_eq!(pages, vec![(0, 2)]);
+            epoch
+        }
+        m => panic!("{m:?}"),
+    };
+    assert_eq!(adoptable(&mut b, s, &sw, epoch, 0), (vec![], vec![], false));
+}
+
+#[test]
+fn kept_kv_pages_return_to_the_pool_after_the_keep_time() {
+    let mut b = broker(8 * PAGE);
+    b.cfg.kv_adopt_keep = Duration::from_millis(1);
+    let (mut child, _pw, _s, sw) = noted_primary_and_shadow(&mut b);
+    child.kill();
+    b.primary_lost("pid exited");
+    grant_epoch(&sw);
+    assert_eq!(b.kv.as_ref().unwrap().pages.free_count(), 4);
+    std::thread::sleep(Duration::from_millis(5));
+    b.tick();
+    assert_eq!(b.kv.as_ref().unwrap().pages.free_count(), 6);
+}
+
+#[test]
+fn kv_records_page_through_long_lists_and_need_the_lease() {
+    let mut b = broker(8 * PAGE);
+    let child = Sleeper::new();
+    let (p, pw) = connect(&mut b, Role::Primary, Some(child.pidfd()));
+    acquire(&mut b, p, PAGE, 2).unwrap();
+    let epoch = grant_epoch(&pw);
+    let n = MAX_KV_BLOCKS as u32 + 5;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(MAX_KV_BLOCKS) {
+        let blocks = chunk.iter().copied().map(kv_block).collect();
+        b.handle(p, Msg::KvNote { epoch, blocks }).unwrap();
+        assert!(matches!(reply(&pw), Msg::Ok { .. }));
+    }
+    // Not the lease holder: refused, nothing recorded.
+    let (o, ow) = connect(&mut b, Role::Shadow, None);
+    b.handle(
+        o,
+        Msg::KvNote {
+            epoch,
+            blocks: vec![kv_block(n + 7)],
+        },
+    )
+    .unwrap();
+    assert_eq!(refusal(&ow).0, ErrorCode::NotPrimary);
+    b.handle(o, Msg::KvAdoptReq { epoch, from: 0 }).unwrap();
+    assert_eq!(refusal(&ow).0, ErrorCode::NotPrimary);
+    let (s, sw) = connect(&mut b, Role::Shadow, None);
+    acquire(&mut b, s, PAGE, 2).unwrap();
+    drop(child);
+    b.primary_lost("pid exited");
+    let epoch = grant_epoch(&sw);
+    // The old epoch's holder is refused too.
+    b.handle(
+        p,
+        Msg::KvAdoptReq {
+            epoch: epoch - 1,
+            from: 0,
+        },
+    )
+    .unwrap();
+    assert_eq!(refusal(&pw).0, ErrorCode::StaleEpoch);
+    let (_, first, more) = adoptable(&mut b, s, &sw, epoch, 0);
+    assert_eq!((first.len(), more), (MAX_KV_BLOCKS, true));
+    let next = first.last().unwrap().block + 1;
+    let (_, rest, more) = adoptable(&mut b, s, &sw, epoch, next);
+    assert_eq!((rest.len(), more), (5, false));
+    assert_eq!(rest.last().unwrap().block, n - 1);
 }
 
 mod authz;

@@ -1,13 +1,15 @@
 //! Little-endian encoding of [`Msg`] with explicit bounds on every variable-length field.
 
 use super::{
-    CommitEntry, DecodeError, ErrorCode, HEADER_LEN, MAGIC, MAX_FRAME, MAX_META, MAX_TOKENS, Msg,
-    RegionInfo, RegionKind, RequestLog, Role, SamplingParams, Status, VERSION,
+    CommitEntry, DecodeError, ErrorCode, HEADER_LEN, KvBlock, MAGIC, MAX_FRAME, MAX_META,
+    MAX_TOKENS, Msg, RegionInfo, RegionKind, RequestLog, Role, SamplingParams, Status, VERSION,
 };
 
 /// The most items one list in a message holds (pages, commit entries, `LogIds` ids).
 pub const MAX_LIST: usize = 4096;
 const MAX_TEXT: usize = 4096;
+/// The most KV block records one message holds (28 bytes each: under [`MAX_FRAME`]).
+pub const MAX_KV_BLOCKS: usize = 2048;
 
 struct Enc(Vec<u8>);
 
@@ -38,6 +40,21 @@ impl Enc {
         self.len(t.len());
         for &x in t {
             self.u32(x);
+        }
+    }
+    fn kv_blocks(&mut self, blocks: &[KvBlock]) {
+        self.len(blocks.len());
+        for b in blocks {
+            self.u32(b.block);
+            self.0.extend_from_slice(&b.prefix);
+            self.u64(b.checksum);
+        }
+    }
+    fn runs(&mut self, runs: &[(u32, u32)]) {
+        self.len(runs.len());
+        for &(a, b) in runs {
+            self.u32(a);
+            self.u32(b);
         }
     }
     fn params(&mut self, p: &SamplingParams) {
@@ -108,6 +125,29 @@ impl<'a> Dec<'a> {
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
     }
+    fn kv_blocks(&mut self) -> Result<Vec<KvBlock>, DecodeError> {
+        let n = self.len(MAX_KV_BLOCKS, "kv blocks")?;
+        let mut v = Vec::with_capacity(n.min(256));
+        for _ in 0..n {
+            let block = self.u32("kv block")?;
+            let mut prefix = [0u8; 16];
+            prefix.copy_from_slice(self.take(16, "kv block prefix")?);
+            v.push(KvBlock {
+                block,
+                prefix,
+                checksum: self.u64("kv block checksum")?,
+            });
+        }
+        Ok(v)
+    }
+    fn runs(&mut self) -> Result<Vec<(u32, u32)>, DecodeError> {
+        let n = self.len(MAX_LIST, "pages")?;
+        let mut pages = Vec::with_capacity(n.min(256));
+        for _ in 0..n {
+            pages.push((self.u32("page run")?, self.u32("page run")?));
+        }
+        Ok(pages)
+    }
     fn params(&mut self) -> Result<SamplingParams, DecodeError> {
         let temperature = f32::from_bits(self.u32("temperature")?);
         if !temperature.is_finite() || temperature < 0.0 {
@@ -173,6 +213,10 @@ fn msg_kind(m: &Msg) -> u16 {
         Msg::StatusReq => 19,
         Msg::StatusReply(_) => 20,
         Msg::Error { .. } => 21,
+        Msg::KvNote { .. } => 22,
+        Msg::KvAdoptReq { .. } => 23,
+        Msg::KvAdoptable { .. } => 24,
+        Msg::KvAdoptDone { .. } => 25,
     }
 }
 
@@ -241,11 +285,7 @@ fn body(e: &mut Enc, m: &Msg) {
         } => {
             e.u64(*epoch);
             e.u32(*lease_ms);
-            e.len(pages.len());
-            for &(a, b) in pages {
-                e.u32(a);
-                e.u32(b);
-            }
+            e.runs(pages);
             e.bool(*weights_ok);
             e.bool(*takeover);
         }
@@ -269,7 +309,29 @@ fn body(e: &mut Enc, m: &Msg) {
             e.u64(*checksum);
             e.bytes(meta);
         }
-        Msg::Heartbeat { epoch } | Msg::Release { epoch } | Msg::Ok { epoch } => e.u64(*epoch),
+        Msg::Heartbeat { epoch }
+        | Msg::Release { epoch }
+        | Msg::Ok { epoch }
+        | Msg::KvAdoptDone { epoch } => e.u64(*epoch),
+        Msg::KvNote { epoch, blocks } => {
+            e.u64(*epoch);
+            e.kv_blocks(blocks);
+        }
+        Msg::KvAdoptReq { epoch, from } => {
+            e.u64(*epoch);
+            e.u32(*from);
+        }
+        Msg::KvAdoptable {
+            page_bytes,
+            pages,
+            blocks,
+            more,
+        } => {
+            e.u64(*page_bytes);
+            e.runs(pages);
+            e.kv_blocks(blocks);
+            e.bool(*more);
+        }
         Msg::Admit {
             epoch,
             request_id,
@@ -413,15 +475,10 @@ fn decode_body(d: &mut Dec<'_>, kind: u16) -> Result<Msg, DecodeError> {
         6 => {
             let epoch = d.u64("epoch")?;
             let lease_ms = d.u32("lease_ms")?;
-            let n = d.len(MAX_LIST, "pages")?;
-            let mut pages = Vec::with_capacity(n);
-            for _ in 0..n {
-                pages.push((d.u32("page run")?, d.u32("page run")?));
-            }
             Msg::Grant {
                 epoch,
                 lease_ms,
-                pages,
+                pages: d.runs()?,
                 weights_ok: d.bool("weights_ok")?,
                 takeover: d.bool("takeover")?,
             }
@@ -516,6 +573,23 @@ fn decode_body(d: &mut Dec<'_>, kind: u16) -> Result<Msg, DecodeError> {
             },
             message: d.text("message")?,
         },
+        22 => Msg::KvNote {
+            epoch: d.u64("epoch")?,
+            blocks: d.kv_blocks()?,
+        },
+        23 => Msg::KvAdoptReq {
+            epoch: d.u64("epoch")?,
+            from: d.u32("from")?,
+        },
+        24 => Msg::KvAdoptable {
+            page_bytes: d.u64("page_bytes")?,
+            pages: d.runs()?,
+            blocks: d.kv_blocks()?,
+            more: d.bool("more")?,
+        },
+        25 => Msg::KvAdoptDone {
+            epoch: d.u64("epoch")?,
+        },
         k => return Err(DecodeError::Kind(k)),
     })
 }
@@ -597,7 +671,57 @@ mod tests {
                 message: "old".into(),
             },
             Msg::Fence,
+            Msg::KvNote {
+                epoch: 4,
+                blocks: vec![KvBlock {
+                    block: 9,
+                    prefix: [7; 16],
+                    checksum: u64::MAX - 1,
+                }],
+            },
+            Msg::KvAdoptReq { epoch: 4, from: 3 },
+            Msg::KvAdoptable {
+                page_bytes: 2 << 20,
+                pages: vec![(128, 128)],
+                blocks: vec![
+                    KvBlock {
+                        block: 1,
+                        prefix: [1; 16],
+                        checksum: 2,
+                    },
+                    KvBlock {
+                        block: 5,
+                        prefix: [3; 16],
+                        checksum: 4,
+                    },
+                ],
+                more: true,
+            },
+            Msg::KvAdoptDone { epoch: 4 },
         ]
+    }
+
+    #[test]
+    fn the_most_kv_blocks_a_message_holds_fit_a_frame() {
+        let b = KvBlock {
+            block: u32::MAX,
+            prefix: [0xff; 16],
+            checksum: u64::MAX,
+        };
+        let m = Msg::KvAdoptable {
+            page_bytes: u64::MAX,
+            pages: vec![(0, 1); 8],
+            blocks: vec![b; MAX_KV_BLOCKS],
+            more: true,
+        };
+        assert!(frame_fits(&encode(&m)));
+        let mut over = encode(&Msg::KvNote {
+            epoch: 1,
+            blocks: vec![b],
+        });
+        over[HEADER_LEN + 8..HEADER_LEN + 12]
+            .copy_from_slice(&(MAX_KV_BLOCKS as u32 + 1).to_le_bytes());
+        assert_eq!(decode(&over), Err(DecodeError::Range("kv blocks")));
     }
 
     #[test]

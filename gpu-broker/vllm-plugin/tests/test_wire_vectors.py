@@ -36,6 +36,10 @@ MESSAGES = {
     "ok": w.Ok(9),
     "status-req": w.StatusReq(),
     "status-reply": w.StatusReply(w.Status(1, 2, 3, 4, True, 5, 6, 7, 8, 9, 10)),
+    "kv-note": w.KvNote(6, [w.KvBlock(1, b"0123456789abcdef", 0x0102030405060708), w.KvBlock(2**32 - 1, b"\xff" * 16, 2**64 - 1)]),
+    "kv-adopt-req": w.KvAdoptReq(6, 300),
+    "kv-adoptable": w.KvAdoptable(2 << 20, [(0, 128)], [w.KvBlock(300, bytes(16), 42)], True),
+    "kv-adopt-done": w.KvAdoptDone(6),
     "error": w.Error(w.ErrorCode.BROKER_RESTARTED, "broker restarted: instance ä → ü"),
 }
 

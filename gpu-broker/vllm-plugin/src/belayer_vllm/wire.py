@@ -21,6 +21,7 @@ MAX_META = 48 * 1024
 MAX_LIST = 4096
 MAX_TEXT = 4096
 MAX_REGIONS = 8
+MAX_KV_BLOCKS = 2048
 
 
 class DecodeError(ValueError):
@@ -75,6 +76,15 @@ class CommitEntry:
     tokens: list[int]
     sampler_state: int
     finished: bool
+
+
+@dataclass(frozen=True)
+class KvBlock:
+    """A full KV block the lease holder wrote (gpu-broker/src/wire.rs ``KvBlock``)."""
+
+    block: int
+    prefix: bytes  # 16 bytes: hash of every token up to the block's end
+    checksum: int
 
 
 @dataclass(frozen=True)
@@ -247,10 +257,39 @@ class Error:
     KIND = 21
 
 
+@dataclass(frozen=True)
+class KvNote:
+    epoch: int
+    blocks: list[KvBlock]
+    KIND = 22
+
+
+@dataclass(frozen=True)
+class KvAdoptReq:
+    epoch: int
+    start: int  # Rust's `from`
+    KIND = 23
+
+
+@dataclass(frozen=True)
+class KvAdoptable:
+    page_bytes: int
+    pages: list[tuple[int, int]]
+    blocks: list[KvBlock]
+    more: bool
+    KIND = 24
+
+
+@dataclass(frozen=True)
+class KvAdoptDone:
+    epoch: int
+    KIND = 25
+
+
 Msg = (
     Hello | HelloOk | ManifestReq | Manifest | Acquire | Grant | AllocWeights | Publish | Heartbeat
     | Admit | Commit | LogList | LogIds | LogGet | LogEntry | Release | Fence | Ok | StatusReq
-    | StatusReply | Error
+    | StatusReply | Error | KvNote | KvAdoptReq | KvAdoptable | KvAdoptDone
 )
 
 # --- encoding ---------------------------------------------------------------------------------
@@ -285,6 +324,19 @@ class _Enc:
 
     def params(self, p: SamplingParams) -> None:
         self.b += struct.pack("<fIQI", p.temperature, p.top_k, p.seed, p.max_new_tokens)
+
+    def runs(self, runs: list[tuple[int, int]]) -> None:
+        self.u32(len(runs))
+        for a, n in runs:
+            self.u32(a)
+            self.u32(n)
+
+    def kv_blocks(self, blocks: list[KvBlock]) -> None:
+        self.u32(len(blocks))
+        for b in blocks:
+            if len(b.prefix) != 16:
+                raise ValueError(f"KV block prefix of {len(b.prefix)} bytes, not 16")
+            self.b += struct.pack("<I", b.block) + b.prefix + struct.pack("<Q", b.checksum)
 
 
 def encode(m: Msg) -> bytes:
@@ -322,10 +374,7 @@ def _body(e: _Enc, m: Msg) -> None:
         case Grant(epoch, lease_ms, pages, weights_ok, takeover):
             e.u64(epoch)
             e.u32(lease_ms)
-            e.u32(len(pages))
-            for a, n in pages:
-                e.u32(a)
-                e.u32(n)
+            e.runs(pages)
             e.bool(weights_ok)
             e.bool(takeover)
         case AllocWeights(epoch, version, nbytes):
@@ -337,8 +386,19 @@ def _body(e: _Enc, m: Msg) -> None:
             e.u64(version)
             e.u64(checksum)
             e.bytes_(meta)
-        case Heartbeat(epoch) | Release(epoch) | Ok(epoch):
+        case Heartbeat(epoch) | Release(epoch) | Ok(epoch) | KvAdoptDone(epoch):
             e.u64(epoch)
+        case KvNote(epoch, blocks):
+            e.u64(epoch)
+            e.kv_blocks(blocks)
+        case KvAdoptReq(epoch, start):
+            e.u64(epoch)
+            e.u32(start)
+        case KvAdoptable(page_bytes, pages, blocks, more):
+            e.u64(page_bytes)
+            e.runs(pages)
+            e.kv_blocks(blocks)
+            e.bool(more)
         case Admit(epoch, request_id, params, sampler_state, prompt):
             e.u64(epoch)
             e.u64(request_id)
@@ -447,6 +507,17 @@ class _Dec:
             raise DecodeError("field temperature is out of range")
         return SamplingParams(t, self.u32("top_k"), self.u64("seed"), self.u32("max_new_tokens"))
 
+    def runs(self) -> list[tuple[int, int]]:
+        return [(self.u32("page run"), self.u32("page run")) for _ in range(self.length(MAX_LIST, "pages"))]
+
+    def kv_blocks(self) -> list[KvBlock]:
+        out = []
+        for _ in range(self.length(MAX_KV_BLOCKS, "kv blocks")):
+            block = self.u32("kv block")
+            prefix = self.take(16, "kv block prefix")
+            out.append(KvBlock(block, prefix, self.u64("kv block checksum")))
+        return out
+
     def enum(self, cls, v: int, what: str):
         try:
             return cls(v)
@@ -500,8 +571,7 @@ def _decode_body(d: _Dec, kind: int) -> Msg:
         return Acquire(d.u64("page_bytes"), d.u32("pages"))
     if kind == 6:
         epoch, lease_ms = d.u64("epoch"), d.u32("lease_ms")
-        pages = [(d.u32("page run"), d.u32("page run")) for _ in range(d.length(MAX_LIST, "pages"))]
-        return Grant(epoch, lease_ms, pages, d.bool("weights_ok"), d.bool("takeover"))
+        return Grant(epoch, lease_ms, d.runs(), d.bool("weights_ok"), d.bool("takeover"))
     if kind == 7:
         return AllocWeights(d.u64("epoch"), d.u64("version"), d.u64("bytes"))
     if kind == 8:
@@ -551,4 +621,12 @@ def _decode_body(d: _Dec, kind: int) -> Msg:
             return Error(code, raw.decode())
         except UnicodeDecodeError:
             raise DecodeError("field message is out of range") from None
+    if kind == 22:
+        return KvNote(d.u64("epoch"), d.kv_blocks())
+    if kind == 23:
+        return KvAdoptReq(d.u64("epoch"), d.u32("from"))
+    if kind == 24:
+        return KvAdoptable(d.u64("page_bytes"), d.runs(), d.kv_blocks(), d.bool("more"))
+    if kind == 25:
+        return KvAdoptDone(d.u64("epoch"))
     raise DecodeError(f"unknown message kind {kind}")
