@@ -71,6 +71,9 @@ pub struct Setup {
     pub checksum_bin: PathBuf,
     /// KV cache bytes each vLLM asks for (`--kv-cache-memory-bytes`).
     pub kv_bytes: u64,
+    /// A promoted shadow adopts its dead predecessor's checksummed KV blocks (else it rebuilds
+    /// every in-flight request's KV by prefill).
+    pub kv_reuse: bool,
 }
 
 impl Setup {
@@ -120,6 +123,7 @@ impl Setup {
             model,
             checksum_bin: checksum_bin.to_path_buf(),
             kv_bytes: KV_BYTES,
+            kv_reuse: true,
         })
     }
 
@@ -147,6 +151,11 @@ impl Setup {
             "float32",
             "--max-model-len",
             "4096",
+            // KV is reused after a takeover in whole blocks: the CPU backend's default of 128
+            // tokens would leave most of a short prompt to recompute (its kernels want a
+            // multiple of 32).
+            "--block-size",
+            "32",
             "--host",
             "127.0.0.1",
         ]
@@ -165,6 +174,7 @@ impl Setup {
             let cfg = serde_json::json!({
                 "broker": sock, "role": role, "endpoint": format!("http://127.0.0.1:{port}"),
                 "state_dir": state, "checksum_bin": self.checksum_bin,
+                "adopt_window_s": if self.kv_reuse { 60 } else { 0 },
             });
             a.extend([
                 "--load-format".into(),
@@ -172,7 +182,7 @@ impl Setup {
                 "--model-loader-extra-config".into(),
                 cfg.to_string(),
                 "--kv-transfer-config".into(),
-                r#"{"kv_connector":"BelayerConnector","kv_connector_module_path":"belayer_vllm.kv","kv_role":"kv_both"}"#.into(),
+                r#"{"kv_connector":"BelayerConnector","kv_connector_module_path":"belayer_vllm.kv","kv_role":"kv_both","kv_load_failure_policy":"recompute"}"#.into(),
                 "--worker-cls".into(),
                 "belayer_vllm.worker.BelayerCPUWorker".into(),
             ]);
@@ -448,4 +458,22 @@ pub fn lease(state: &Path) -> Option<(u64, i32)> {
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(state.join("primary.json")).ok()?).ok()?;
     Some((v["epoch"].as_u64()?, v["worker_pid"].as_i64()? as i32))
+}
+
+/// (adopted, refused) KV blocks from a promoted shadow's log: its last "KV reuse: adopted A
+/// blocks, refused R" line; (0, 0) when it has none.
+pub fn kv_reuse_counts(log: &str) -> (u64, u64) {
+    let Some(line) = log.lines().rev().find(|l| l.contains("KV reuse: adopted")) else {
+        return (0, 0);
+    };
+    let num = |after: &str| -> u64 {
+        line.find(after).map_or(0, |i| {
+            let digits: String = line[i + after.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            digits.parse().unwrap_or(0)
+        })
+    };
+    (num("adopted "), num("refused "))
 }

@@ -13,7 +13,7 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 use gpu_broker::client::Client;
-use gpu_broker::vllm::{Group, Load, Setup, lease, pid_gone};
+use gpu_broker::vllm::{Group, Load, Setup, kv_reuse_counts, lease, pid_gone};
 use gpu_broker::wire::{Role, Status};
 
 const BROKER: &str = env!("CARGO_BIN_EXE_belayer-gpu-broker");
@@ -243,11 +243,19 @@ fn vllm_survives_worker_engine_and_zombie_deaths() {
     let mut shadow = wait_shadow(&env, shadow);
     eprintln!("[{:?}] failure-free run done", t0.elapsed());
 
-    // 1. The worker SIGKILLed mid-generation.
+    // 1. The worker SIGKILLed mid-generation, after a scribble over every other KV block of its
+    //    first layer: the shadow adopts the intact blocks and recomputes from the first changed
+    //    one, and the tokens still equal the failure-free run's.
     let (epoch, worker) = lease(&env.dir).unwrap();
+    let broker_pid = env.broker.id();
+    let mut scribbled = 0;
     let got = env.load(
         "worker-kill",
-        Some(&mut || primary.signal(worker, libc::SIGKILL)),
+        Some(&mut || {
+            primary.signal(worker, libc::SIGSTOP);
+            scribbled = corrupt_kv_blocks(broker_pid, &env.dir);
+            primary.signal(worker, libc::SIGKILL);
+        }),
     );
     check("worker SIGKILLed", &reference, &got);
     promoted(&env, epoch);
@@ -255,6 +263,13 @@ fn vllm_survives_worker_engine_and_zombie_deaths() {
     assert!(
         primary.wait_gone(Duration::from_secs(60)),
         "the dead primary's vLLM lingers"
+    );
+    let (adopted, refused) = kv_reuse_counts(&shadow.log_text());
+    eprintln!("KV blocks: {scribbled} scribbled, {adopted} adopted, {refused} refused");
+    assert!(
+        adopted > 0 && refused > 0,
+        "expected intact blocks adopted and scribbled ones refused:\n{}",
+        shadow.log_tail(30)
     );
     primary = shadow;
     eprintln!("[{:?}] worker kill survived", t0.elapsed());
@@ -270,6 +285,12 @@ fn vllm_survives_worker_engine_and_zombie_deaths() {
     check("engine core SIGKILLed", &reference, &got);
     promoted(&env, epoch);
     assert!(primary.log_text().contains("VLLM::EngineCor) died"));
+    let (adopted, refused) = kv_reuse_counts(&shadow.log_text());
+    assert!(
+        adopted > 0 && refused == 0,
+        "expected every resent prefix's blocks adopted, none refused:\n{}",
+        shadow.log_tail(30)
+    );
     primary.kill();
     primary = shadow;
     eprintln!("[{:?}] engine core kill survived", t0.elapsed());
@@ -284,6 +305,11 @@ fn vllm_survives_worker_engine_and_zombie_deaths() {
     );
     check("zombie fenced", &reference, &got);
     promoted(&env, epoch);
+    assert!(
+        shadow.log_text().contains("no KV blocks to adopt"),
+        "a live zombie's KV must not be adopted:\n{}",
+        shadow.log_tail(30)
+    );
     primary.signal(worker, libc::SIGCONT);
     wait_until("the fenced zombie exits", Duration::from_secs(20), || {
         pid_gone(worker)
@@ -315,6 +341,11 @@ fn vllm_survives_worker_engine_and_zombie_deaths() {
     promoted(&env, epoch);
     assert_eq!(env.status().weights_refused, refused + 1);
     assert!(shadow.log_text().contains("cold loaded the weights"));
+    assert!(
+        shadow.log_text().contains("KV is not adopted either"),
+        "KV computed with refused weights must not be adopted:\n{}",
+        shadow.log_tail(30)
+    );
     primary.kill();
     primary = shadow;
     eprintln!("[{:?}] corrupted weights refused", t0.elapsed());
@@ -348,22 +379,48 @@ fn vllm_survives_worker_engine_and_zombie_deaths() {
     eprintln!("[{:?}] broker restart reported", t0.elapsed());
 }
 
-/// Overwrites 4 KiB in the middle of the broker's weights memfd (found in its fd table).
-fn corrupt_weights(broker_pid: u32) {
-    use std::io::{Seek, SeekFrom, Write};
+/// The broker's memfd named `belayer-{label}`, opened writable through its fd table.
+fn broker_memfd(broker_pid: u32, label: &str) -> std::fs::File {
     let fds = std::fs::read_dir(format!("/proc/{broker_pid}/fd")).unwrap();
     for e in fds.flatten() {
         let target = std::fs::read_link(e.path()).unwrap_or_default();
-        if target.to_string_lossy().contains("memfd:belayer-weights") {
-            let mut f = std::fs::OpenOptions::new()
+        if target
+            .to_string_lossy()
+            .contains(&format!("memfd:belayer-{label} "))
+        {
+            return std::fs::OpenOptions::new()
                 .write(true)
                 .open(e.path())
-                .expect("open the weights memfd writable");
-            let len = f.metadata().unwrap().len();
-            f.seek(SeekFrom::Start(len / 2)).unwrap();
-            f.write_all(&[0x7f; 4096]).unwrap();
-            return;
+                .unwrap_or_else(|e| panic!("open the {label} memfd writable: {e}"));
         }
     }
-    panic!("no weights memfd in the broker's fd table");
+    panic!("no {label} memfd in the broker's fd table");
+}
+
+/// Overwrites 4 KiB in the middle of the broker's weights memfd.
+fn corrupt_weights(broker_pid: u32) {
+    use std::io::{Seek, SeekFrom, Write};
+    let mut f = broker_memfd(broker_pid, "weights");
+    let len = f.metadata().unwrap().len();
+    f.seek(SeekFrom::Start(len / 2)).unwrap();
+    f.write_all(&[0x7f; 4096]).unwrap();
+}
+
+/// Scribbles over the first layer's bytes of every other KV block (1, 3, 5, ... up to 127) of
+/// the lease holder, where its `kv-layout.json` says they lie in the broker's KV arena.
+fn corrupt_kv_blocks(broker_pid: u32, dir: &Path) -> usize {
+    use std::os::unix::fs::FileExt;
+    let layout: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("kv-layout.json")).unwrap()).unwrap();
+    let at = |v: &serde_json::Value| v.as_u64().expect("kv-layout.json field");
+    let layer = &layout["layers"][0];
+    let base = at(&layout["arena_offset"]) + at(&layer["offset"]);
+    let f = broker_memfd(broker_pid, "kv");
+    let mut n = 0;
+    for b in (1..at(&layer["blocks"]).min(128)).step_by(2) {
+        f.write_all_at(&[0x7f; 64], base + b * at(&layer["block_bytes"]))
+            .unwrap();
+        n += 1;
+    }
+    n
 }

@@ -26,11 +26,12 @@ impl Broker {
             reason,
             "primary lost"
         );
+        // An older primary's kept pages are superseded: the successor resumes from this one.
+        self.drop_adoptable("a newer primary was lost");
         match (dead, pidfd) {
             (true, _) => {
                 // No writer is left: its blocks may be adopted (each checked against its
                 // checksum by the successor), so its pages stay out of the pool for a while.
-                self.drop_adoptable("a newer primary died");
                 if lease.kv_notes.is_empty() || self.cfg.kv_adopt_keep.is_zero() {
                     if let Some(kv) = self.kv.as_mut() {
                         kv.pages.give_back(&lease.pages);

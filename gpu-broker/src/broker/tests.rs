@@ -366,6 +366,22 @@ fn a_fenced_live_primarys_kv_blocks_are_never_offered() {
 }
 
 #[test]
+fn a_fenced_successor_leaves_nothing_to_adopt_not_even_its_predecessors_blocks() {
+    let mut b = broker(8 * PAGE);
+    let (mut child, _pw, _s, sw) = noted_primary_and_shadow(&mut b);
+    child.kill();
+    b.primary_lost("pid exited");
+    let epoch = grant_epoch(&sw);
+    let (s2, s2w) = connect(&mut b, Role::Shadow, None);
+    acquire(&mut b, s2, PAGE, 2).unwrap();
+    // The successor (alive, no pidfd here) is lost before it is done adopting.
+    b.primary_lost("lease expired");
+    let e2 = grant_epoch(&s2w);
+    assert!(e2 > epoch);
+    assert_eq!(adoptable(&mut b, s2, &s2w, e2, 0), (vec![], vec![], false));
+}
+
+#[test]
 fn with_no_room_beside_them_the_dead_primarys_pages_go_to_its_successor_unadopted() {
     let mut b = broker(2 * PAGE);
     let (mut child, _pw, s, sw) = noted_primary_and_shadow(&mut b);

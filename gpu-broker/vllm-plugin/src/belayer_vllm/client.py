@@ -152,6 +152,26 @@ class BrokerClient:
     def commit(self, entries: list[wire.CommitEntry]) -> None:
         self._ok(wire.Commit(self.epoch, entries))
 
+    def kv_note(self, blocks: list[wire.KvBlock]) -> None:
+        """Records full KV blocks (in frames of at most ``MAX_KV_BLOCKS``)."""
+        for i in range(0, len(blocks), wire.MAX_KV_BLOCKS):
+            self._ok(wire.KvNote(self.epoch, blocks[i : i + wire.MAX_KV_BLOCKS]))
+
+    def kv_adoptable(self) -> tuple[int, list[tuple[int, int]], list[wire.KvBlock]]:
+        """(page_bytes, pages, blocks) a confirmed-dead predecessor left; no pages if none."""
+        start, blocks = 0, []
+        while True:
+            reply, _ = self.call(wire.KvAdoptReq(self.epoch, start))
+            if not isinstance(reply, wire.KvAdoptable):
+                raise BrokerError(f"unexpected reply to kv adopt: {reply!r}")
+            blocks += reply.blocks
+            if not reply.more or not reply.blocks:
+                return reply.page_bytes, reply.pages, blocks
+            start = reply.blocks[-1].block + 1
+
+    def kv_adopt_done(self) -> None:
+        self._ok(wire.KvAdoptDone(self.epoch))
+
     def log_ids(self) -> list[tuple[int, bool]]:
         reply, _ = self.call(wire.LogList())
         assert isinstance(reply, wire.LogIds)

@@ -29,6 +29,9 @@ class PluginConfig:
     """The broker's checksum as a program (gpu-broker/src/bin/belayer-region-checksum.rs)."""
     warmup: bool = True
     """A shadow sends itself two small requests once it serves (``Session._warm_up``)."""
+    adopt_window_s: float = 60.0
+    """How long a promoted shadow adopts its dead predecessor's KV blocks (0: never, always
+    rebuild by prefill); the broker keeps the pages at most its ``--kv-adopt-ms``."""
 
     @staticmethod
     def from_vllm(vllm_config) -> "PluginConfig":
@@ -52,4 +55,5 @@ class PluginConfig:
             weights_wait_s=float(extra.get("weights_wait_s", 600.0)),
             checksum_bin=str(extra.get("checksum_bin", "belayer-region-checksum")),
             warmup=bool(extra.get("warmup", True)),
+            adopt_window_s=float(extra.get("adopt_window_s", 60.0)),
         )

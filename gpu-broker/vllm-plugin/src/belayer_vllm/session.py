@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from . import kvreuse
 from .client import BrokerClient, BrokerError
 from .config import PluginConfig
 from .wire import Grant, RegionKind, Role
@@ -75,6 +76,8 @@ class Session:
         self.kv_map: mmap.mmap | None = None
         self.reload_weights: Callable[[], None] | None = None
         self.takeover_cb: list[Callable[[], None]] = []
+        self.adoption: kvreuse.Adoption | None = None
+        self._adopt_seen = (0, 0)
         log.info("belayer: connected to %s as %s (pid %d, broker instance %x)", cfg.broker, cfg.role.name, self.client.pid, self.client.instance)
         threading.Thread(target=self._watch_peers, name="belayer-watch", daemon=True).start()
         if cfg.role == Role.PRIMARY:
@@ -93,18 +96,24 @@ class Session:
 
     # --- the KV buffer ------------------------------------------------------------------------
 
+    def _kv_fd(self) -> int:
+        """The KV arena's fd (the lease holder's manifest carries it)."""
+        regions = self.client.manifest()
+        kv = [r for r in regions if r.info.kind == RegionKind.KV]
+        for r in regions:
+            if not kv or r is not kv[0]:
+                os.close(r.fd)
+        if not kv:
+            raise BrokerError("the manifest of the lease holder carries no KV arena")
+        return kv[0].fd
+
     def _arena_offset(self, length: int) -> tuple[int, int]:
         """(fd, offset) of the granted KV pages, which must be one run holding ``length`` bytes."""
         assert self.grant is not None
         runs = self.grant.pages
         if len(runs) != 1 or runs[0][1] * self.cfg.page_bytes < length:
             raise BrokerError(f"KV grant {runs} is not one run of {length} bytes")
-        kv = [r for r in self.client.manifest() if r.info.kind == RegionKind.KV]
-        if not kv:
-            raise BrokerError("the manifest of the lease holder carries no KV arena")
-        for r in kv[1:]:
-            os.close(r.fd)
-        return kv[0].fd, runs[0][0] * self.cfg.page_bytes
+        return self._kv_fd(), runs[0][0] * self.cfg.page_bytes
 
     def kv_buffer(self, size: int):
         """The bytes vLLM's ``allocate_kv_cache`` asks for: the broker's arena for the lease
@@ -187,6 +196,7 @@ class Session:
         self.kv_ready.wait()
         try:
             self._remap_kv()
+            self._adopt(grant)
             if not grant.weights_ok:
                 log.warning("belayer: the broker refused the weights at the health check; cold loading")
                 assert self.reload_weights is not None
@@ -195,6 +205,87 @@ class Session:
             die(EXIT_BROKER_GONE, f"taking over failed: {e!r}")
         self.write_lease_file()
         self.promoted.set()
+
+    # --- KV reuse after a takeover ------------------------------------------------------------
+
+    def _adopt(self, grant: Grant) -> None:
+        """Maps the dead predecessor's KV pages read-only and publishes its blocks' prefixes for
+        the scheduler. Anything missing or odd means no reuse: every request rebuilds by prefill."""
+        kvreuse.remove_table(self.cfg.state_dir)
+        self.write_kv_layout()
+        if self.cfg.adopt_window_s <= 0:
+            self.client.kv_adopt_done()
+            return
+        page_bytes, pages, blocks = self.client.kv_adoptable()
+        if not pages or not blocks:
+            log.warning("belayer: no KV blocks to adopt (predecessor fenced alive, or none recorded); rebuilding by prefill")
+            return
+        layers = self._kv_layers()
+        if not grant.weights_ok:
+            # When the weights went bad is unknown: KV computed with them may be bad too, however
+            # well its checksum matches.
+            log.warning("belayer: weights refused, so the predecessor's KV is not adopted either; rebuilding by prefill")
+            self.client.kv_adopt_done()
+            return
+        if len(pages) != 1 or page_bytes != self.cfg.page_bytes or pages[0][1] * page_bytes < self.kv_len or not layers:
+            log.warning("belayer: the predecessor's KV pages %s (%d-byte pages) do not match this KV buffer; rebuilding by prefill", pages, page_bytes)
+            self.client.kv_adopt_done()
+            return
+        fd = self._kv_fd()
+        try:
+            self.adoption = kvreuse.Adoption(fd, pages[0][0] * page_bytes, self.kv_len, self.kv_addr, layers)
+        finally:
+            os.close(fd)
+        kvreuse.write_table(self.cfg.state_dir, grant.epoch, blocks)
+        log.warning("belayer: KV reuse: %d blocks of the dead primary may be adopted for %.0f s", len(blocks), self.cfg.adopt_window_s)
+        timer = threading.Timer(self.cfg.adopt_window_s, self._end_adoption)
+        timer.daemon = True
+        timer.start()
+
+    @staticmethod
+    def _kv_layers() -> list:
+        from .kv import connector
+
+        conn = connector()
+        return conn.layers if conn is not None else []
+
+    def write_kv_layout(self) -> None:
+        """``kv-layout.json`` beside the lease file: where each layer's blocks lie in the KV
+        arena (for diagnosis, and for the test that corrupts chosen blocks)."""
+        layers = self._kv_layers()
+        if self.grant is None or not layers or not self.kv_addr:
+            return
+        off = self.grant.pages[0][0] * self.cfg.page_bytes
+        doc = {
+            "epoch": self.grant.epoch,
+            "arena_offset": off,
+            "layers": [
+                {"offset": t.data_ptr() - self.kv_addr, "block_bytes": t[0].numel() * t.element_size(), "blocks": int(t.shape[0])}
+                for t in layers
+            ],
+        }
+        path = os.path.join(self.cfg.state_dir, "kv-layout.json")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+
+    def _end_adoption(self) -> None:
+        kvreuse.remove_table(self.cfg.state_dir)
+        a, self.adoption = self.adoption, None
+        if a is not None:
+            log.warning("belayer: KV reuse over: adopted %d blocks, refused %d (checksum)", a.adopted, a.refused)
+        try:
+            self.client.kv_adopt_done()
+        except BrokerError as e:
+            self.on_broker_error(e, "kv adopt done")
+
+    def adoption_progress(self) -> None:
+        """Logs the adoption's counts when they change (called after each step's loads)."""
+        a = self.adoption
+        if a is not None and (a.adopted, a.refused) != self._adopt_seen:
+            self._adopt_seen = (a.adopted, a.refused)
+            log.warning("belayer: KV reuse: adopted %d blocks, refused %d (checksum)", a.adopted, a.refused)
 
     def _start_heartbeat(self) -> None:
         assert self.grant is not None

