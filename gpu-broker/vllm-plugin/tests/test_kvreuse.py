@@ -65,6 +65,10 @@ def test_a_step_records_the_blocks_it_filled_once():
     # Blocks replaced (preempted, resumed elsewhere): recorded again under the new indices.
     st.block_ids = ([1, 3, 4],)
     assert [b.block for b in rec.after_forward({"r": st}, {"r": 1}, layers)] == [1, 3, 4]
+    # Fewer blocks than computed tokens would fill: only those recorded, nothing raised.
+    rec.forget(["r"])
+    st.block_ids = ([1],)
+    assert [b.block for b in rec.after_forward({"r": st}, {"r": 1}, layers)] == [1]
 
 
 def test_the_scheduler_matches_leading_recorded_blocks_and_leaves_a_token(tmp_path):
@@ -101,14 +105,18 @@ def test_a_block_is_copied_only_if_its_checksum_still_matches():
     kv_addr = live[0].data_ptr()
     # The successor's view of the old pages: same offsets, read-only.
     a = kvreuse.Adoption(fd, size, size, kv_addr, live)
-    assert a.load(live, 3, 6, sums[3])
+    assert a.load(live, [(3, 6, sums[3])]) == [True]
     assert all(torch.equal(n[6], o[3]) for n, o in zip(live, old))
     # One byte of block 4 in the last layer changes: refused, nothing copied.
     old_map[used - (8 - 4) * 2 * BS * 6 * 4] ^= 0xFF
     before = [n[1].clone() for n in live]
-    assert not a.load(live, 4, 1, sums[4])
+    assert a.load(live, [(4, 1, sums[4])]) == [False]
     assert all(torch.equal(n[1], b) for n, b in zip(live, before))
-    assert not a.load(live, 99, 1, 0), "a block index beyond the cache is refused"
-    assert (a.adopted, a.refused) == (1, 2)
+    assert a.load(live, [(99, 1, 0)]) == [False], "a block index beyond the cache is refused"
+    assert a.load(live, [(3, 99, sums[3])]) == [False], "so is a destination beyond it"
+    # Several at once (checked on threads): each judged on its own.
+    assert a.load(live, [(0, 2, sums[0]), (4, 3, sums[4]), (5, 4, sums[5])]) == [True, False, True]
+    assert torch.equal(live[2][4], old[2][5])
+    assert (a.adopted, a.refused) == (3, 4)
     a.close()
     os.close(fd)

@@ -119,8 +119,12 @@ class BelayerConnector(KVConnectorBase_V1):
             return None
         sess = session_mod.current()
         adoption = sess.adoption if sess is not None else None
-        for req_id, old, new, checksum in meta.loads:
-            if adoption is None or not self.layers or not adoption.load(self.layers, old, new, checksum):
+        if adoption is not None and self.layers:
+            done = adoption.load(self.layers, [(old, new, ck) for _, old, new, ck in meta.loads])
+        else:
+            done = [False] * len(meta.loads)
+        for (req_id, _, new, _), ok in zip(meta.loads, done):
+            if not ok:
                 self.invalid.add(new)
                 self.failed_reqs.add(req_id)
         if sess is not None:

