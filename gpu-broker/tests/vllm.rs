@@ -26,6 +26,14 @@ const LOAD: Load = Load {
     mix: "mixed",
 };
 
+/// A request sent at a kill.
+const PROBE: Load = Load {
+    requests: 1,
+    prefix_tokens: 16,
+    max_tokens: 4,
+    mix: "completion",
+};
+
 fn setup() -> Setup {
     Setup::find(Path::new(CHECKSUM)).unwrap_or_else(|e| panic!("vLLM test prerequisite: {e}"))
 }
@@ -278,11 +286,39 @@ fn vllm_survives_worker_engine_and_zombie_deaths() {
     shadow = ready_shadow(&mut env);
     let (epoch, _) = lease(&env.dir).unwrap();
     let (engine, _) = primary.engine_and_worker().expect("engine core pid");
+    // A new request sent at the kill, which the dying primary never admits: sent afresh.
+    let (probe_out, probe_go) = (env.dir.join("probe.json"), env.dir.join("probe.go"));
+    let mut probe = env
+        .setup
+        .loadgen(env.port0, &PROBE, &probe_out, None)
+        .arg("--start-at")
+        .arg(&probe_go)
+        .spawn()
+        .expect("start the probe");
     let got = env.load(
         "engine-kill",
-        Some(&mut || primary.signal(engine, libc::SIGKILL)),
+        Some(&mut || {
+            primary.signal(engine, libc::SIGKILL);
+            std::fs::write(&probe_go, b"").unwrap();
+        }),
     );
     check("engine core SIGKILLed", &reference, &got);
+    assert!(
+        probe.wait().unwrap().success(),
+        "the probe sent at the kill failed"
+    );
+    let p: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&probe_out).unwrap()).unwrap();
+    assert!(
+        p[0]["error"].is_null() && p[0]["finish"] == "length",
+        "a request sent at the kill must complete: {}",
+        p[0]
+    );
+    assert!(
+        front.log_text().contains("sending it afresh"),
+        "the probe did not take the never-admitted path:\n{}",
+        front.log_tail(20)
+    );
     promoted(&env, epoch);
     assert!(primary.log_text().contains("VLLM::EngineCor) died"));
     let (adopted, refused) = kv_reuse_counts(&shadow.log_text());

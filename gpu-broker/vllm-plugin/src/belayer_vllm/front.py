@@ -157,10 +157,14 @@ class Front:
         while True:
             epoch, ep = await self.primary(min_epoch)
             rid = random.getrandbits(63) | 1
-            if not attempts:
+            prompt = await self._logged_prefix(attempts[-1]) if attempts else None
+            if prompt is None:
+                # The first attempt, or one the dead primary never admitted (nothing delivered).
                 url, req = f"{ep}/v1/{'chat/completions' if chat else 'completions'}", dict(body)
+                if attempts:
+                    log.warning("request never reached the dead primary's log; sending it afresh on epoch %d", epoch)
+                    attempts.clear()
             else:
-                prompt = await self._logged_prefix(attempts[-1])
                 req = {k: body[k] for k in CARRIED if k in body}
                 req.update(model=body.get("model"), prompt=prompt)
                 if limit is not None:
@@ -184,12 +188,15 @@ class Front:
                 prompt_len = len(attempts[0].prompt)
             return finish, {"prompt_tokens": prompt_len, "completion_tokens": len(sent), "total_tokens": prompt_len + len(sent)}
 
-    async def _logged_prefix(self, att: Attempt) -> list[int]:
+    async def _logged_prefix(self, att: Attempt) -> list[int] | None:
         """The failed attempt's prompt and tokens as the broker's log holds them, checked
-        against what the client was sent."""
+        against what the client was sent; ``None`` when the primary died before admitting the
+        request (it is not in the log and the client has nothing of it)."""
         try:
             entry = await asyncio.get_running_loop().run_in_executor(None, self.watch.log_get, att.rid)
         except BrokerError as e:
+            if att.prompt is None and not att.tokens and not e.restarted:
+                return None
             if att.prompt is None:
                 raise Unavailable(f"the broker's log has no request blyr-{att.rid:016x} ({e})") from e
             log.error("request blyr-%016x missing from the log (%s); resuming from the stream's copy", att.rid, e)
