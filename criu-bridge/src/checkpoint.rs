@@ -508,13 +508,6 @@ pub fn checkpoint_container_with(
 /// The nice value a checkpoint is written at, once the container runs again.
 const WRITE_NICE: libc::c_int = 10;
 
-/// The nice value of the frozen window (freeze, CRIU's dump, the fs capture, thaw). On a loaded
-/// machine the window stretches with every core it waits for: an OpenHands sandbox's dump (330
-/// MB of pages, copied while frozen) took 0.25 s with the cores to itself and up to 0.75 s when
-/// others' work ran beside it (`belayer-bench openhands`). The container, frozen, uses no CPU of
-/// its own meanwhile.
-const FROZEN_NICE: libc::c_int = -10;
-
 /// Dumps tried before a transient seize failure is reported.
 const DUMP_ATTEMPTS: u32 = 2;
 
@@ -591,12 +584,6 @@ fn one_instant<'a>(
     t: &mut Timings,
 ) -> Result<(LayerIndex, CaptureStats, Option<ThawGuard<'a>>), CheckpointError> {
     let id = req.id;
-    // From the freeze to the thaw the container is stopped: a moment runc or CRIU waits for a
-    // core is a moment longer frozen. They (and the tar CRIU runs per tmpfs) start with this
-    // thread's priority; the guard puts it back when the window ends.
-    let _priority = crate::sys::ThreadNice::raise_to(FROZEN_NICE)
-        .map_err(|e| tracing::warn!(container = id, error = %e, "cannot raise the dump's priority"))
-        .ok();
     let frozen_at = Instant::now();
     if pause {
         freeze(req.runc, id)?;

@@ -190,9 +190,9 @@ pub fn birth_time(path: &Path) -> io::Result<Option<(i64, u32)>> {
     }
 }
 
-/// Keeps the calling thread at another CPU priority (nice value) while it lives, then puts the
-/// old one back. Linux keeps a nice value per thread, and a process the thread spawns starts with
-/// it; the guard is not `Send`, so it is dropped on the thread it changed.
+/// Keeps the calling thread at a lower CPU priority (a higher nice value) while it lives, then
+/// puts the old one back. Linux keeps a nice value per thread; the guard is not `Send`, so it is
+/// dropped on the thread it lowered.
 pub struct ThreadNice {
     tid: libc::pid_t,
     before: libc::c_int,
@@ -202,16 +202,6 @@ pub struct ThreadNice {
 impl ThreadNice {
     /// Lowers the calling thread to nice `nice`, unless it runs at that or lower already.
     pub fn lower_to(nice: libc::c_int) -> io::Result<Self> {
-        Self::set_if(nice, |before| nice > before)
-    }
-
-    /// Raises the calling thread to nice `nice` (needs CAP_SYS_NICE), unless it runs at that or
-    /// higher already.
-    pub fn raise_to(nice: libc::c_int) -> io::Result<Self> {
-        Self::set_if(nice, |before| nice < before)
-    }
-
-    fn set_if(nice: libc::c_int, change: impl Fn(libc::c_int) -> bool) -> io::Result<Self> {
         // SAFETY: gettid(2) has no preconditions.
         let tid = unsafe { libc::gettid() };
         // SAFETY: errno is thread-local; clearing it tells a nice of -1 from an error.
@@ -222,7 +212,7 @@ impl ThreadNice {
         if before == -1 && err.raw_os_error() != Some(0) {
             return Err(err);
         }
-        if change(before) {
+        if nice > before {
             // SAFETY: setpriority(2) takes no pointers; it changes only this thread.
             let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
             if r != 0 {
@@ -240,7 +230,7 @@ impl ThreadNice {
 impl Drop for ThreadNice {
     fn drop(&mut self) {
         // SAFETY: as above; raising the priority back needs CAP_SYS_NICE, which root has (without
-        // it a lowered thread stays lower, which is harmless; a raised one always goes back).
+        // it the thread stays lower, which is harmless).
         unsafe { libc::setpriority(libc::PRIO_PROCESS, self.tid as libc::id_t, self.before) };
     }
 }
@@ -466,7 +456,7 @@ mod tests {
     use super::*;
 
     fn own_nice() -> libc::c_int {
-        // SAFETY: as in `ThreadNice::set_if`.
+        // SAFETY: as in `ThreadNice::lower_to`.
         unsafe { libc::getpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t) }
     }
 
@@ -476,37 +466,6 @@ mod tests {
             let before = own_nice();
             let guard = ThreadNice::lower_to(before + 3).unwrap();
             assert_eq!(own_nice(), before + 3);
-            drop(guard);
-            assert_eq!(own_nice(), before);
-        })
-        .join()
-        .unwrap();
-    }
-
-    #[test]
-    fn a_raised_thread_and_its_children_run_higher_until_the_guard_goes() {
-        std::thread::spawn(|| {
-            let before = own_nice();
-            // Raising needs CAP_SYS_NICE (the shim runs as root); without it, say so and stop.
-            let Ok(guard) = ThreadNice::raise_to(before - 2) else {
-                // SAFETY: geteuid(2) has no preconditions.
-                assert_ne!(unsafe { libc::geteuid() }, 0, "root may raise its priority");
-                return;
-            };
-            assert_eq!(own_nice(), before - 2);
-            // A process spawned now starts at the raised priority (runc, and CRIU under it).
-            let child = std::process::Command::new("sh")
-                .args(["-c", "cut -d' ' -f19 /proc/self/stat"])
-                .output()
-                .unwrap();
-            assert_eq!(
-                String::from_utf8_lossy(&child.stdout).trim(),
-                (before - 2).to_string()
-            );
-            // Already at or above it: unchanged.
-            let same = ThreadNice::raise_to(before).unwrap();
-            assert_eq!(own_nice(), before - 2);
-            drop(same);
             drop(guard);
             assert_eq!(own_nice(), before);
         })
