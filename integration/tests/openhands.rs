@@ -62,12 +62,17 @@ fn openhands_conversation_finishes_in_a_belayer_sandbox() {
     println!(
         "openhands on belayer: sandbox ready in {} s, conversation {} s; {} automatic \
          checkpoints: {} begun while the model thought (4 s a turn), {} while a quiet tool ran, \
-         the rest before the first or after the last model turn: {placed:?}",
+         the rest before the first or after the last model turn: {}",
         report.0["sandbox_ready_s"],
         report.0["conversation_s"],
         placed.len(),
         count("turn"),
         count("tool"),
+        placed
+            .iter()
+            .map(Placement::to_string)
+            .collect::<Vec<_>>()
+            .join("; "),
     );
 }
 
