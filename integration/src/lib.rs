@@ -11,12 +11,36 @@ pub mod containerd;
 pub mod docker;
 pub mod episode;
 pub mod leaks;
+pub mod openhands;
 pub mod prereq;
 pub mod registry;
 pub mod zdtm;
 
 pub use containerd::{Containerd, Flavor, Out};
 pub use docker::Docker;
+
+/// A scratch directory under the system's temp dir, removed on drop.
+pub struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    /// `$TMPDIR/belayer-fw-PID-NAME`, emptied if it was there.
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("belayer-fw-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// CPU time of the whole machine so far, all cores together, in seconds (`/proc/stat`): busy
 /// (user, nice, system, irq, softirq) and stolen (steal: time the hypervisor ran something else

@@ -272,28 +272,6 @@ pub fn status(c: &Containerd, id: &str) -> serde_json::Value {
     serde_json::from_str(&c.belayer(&["status", id]).ok().stdout).expect("status JSON")
 }
 
-/// A scratch directory removed on drop.
-pub struct Scratch(std::path::PathBuf);
-
-impl Scratch {
-    pub fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("belayer-fw-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        Self(dir)
-    }
-
-    pub fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Runs `tar` with `args`; panics with its stderr if it fails.
 #[track_caller]
 pub fn tar(args: &[&str]) {

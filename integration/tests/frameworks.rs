@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use belayer_integration::{Containerd, Docker, Flavor, prereq};
+use belayer_integration::{Containerd, Docker, Flavor, Scratch, prereq};
 use common::*;
 
 /// Where `scripts/setup` installs the frameworks.

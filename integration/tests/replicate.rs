@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use belayer_integration::episode::{self, Sandbox, is_contiguous};
-use belayer_integration::{Containerd, Docker, Flavor, Out, prereq};
+use belayer_integration::{Containerd, Docker, Flavor, Out, Scratch, prereq};
 use belayer_registry::testing::{PASSWORD, Registry, USER};
 use common::*;
 

@@ -10,7 +10,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use belayer_integration::{Containerd, Flavor};
+use belayer_integration::{Containerd, Flavor, Scratch};
 use common::*;
 
 /// The container's init: a `sleep 1000` stopped at once, and a shell that goes on.

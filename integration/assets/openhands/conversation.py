@@ -15,7 +15,9 @@ while it runs.
 
 Writes a JSON report to --out: the final execution status, the runtime docker ran the sandbox
 with, the project's files, the server's history (tool calls and their results in order), the
-client's websocket reconnects, and timings.
+client's websocket reconnects, and timings: `sandbox_ready_s` (DockerWorkspace created -> its
+server healthy), `conversation_s` (Conversation(...) called -> run() returned), `run_s` (run()
+called -> returned).
 """
 
 from __future__ import annotations
@@ -180,6 +182,10 @@ def main() -> None:
                   api_key=SecretStr("stub"), usage_id="agent", timeout=30, num_retries=8,
                   retry_min_wait=1, retry_max_wait=4)
         agent = get_default_agent(llm=llm, cli_mode=True)
+        # The conversation's stop points: Conversation(...) called (it creates the conversation
+        # on the agent-server) -> conversation.run() returned (FINISHED as this driver sees it).
+        report["conversation_start_unix"] = time.time()
+        c0 = time.monotonic()
         conversation = Conversation(agent=agent, workspace=workspace)
         conversation.send_message("Fix calc.add in /workspace/project so its test passes.")
         t0 = time.monotonic()
@@ -189,6 +195,8 @@ def main() -> None:
         except Exception as e:  # reported, not raised: the test reads the report
             error = f"{type(e).__name__}: {e}"
         report["run_s"] = round(time.monotonic() - t0, 2)
+        report["conversation_s"] = round(time.monotonic() - c0, 3)
+        report["finished_unix"] = time.time()
         report["error"] = error
         report["status"] = str(conversation.state.execution_status.value)
         history = server_history(workspace.host, key, str(conversation.id))

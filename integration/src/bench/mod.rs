@@ -13,6 +13,8 @@
 //! - `sched`: the checkpoint-scheduling simulator;
 //! - `push`: checkpoints through a real registry to another node, and the replication lag,
 //!   against `ctr` pushing containerd's own checkpoint image;
+//! - `openhands`: an unchanged OpenHands conversation on runc against Belayer with automatic
+//!   checkpoints, where each checkpoint fell, and the sandbox's checkpoint and restore by phase;
 //! - `chaos`, `zdtm`: the fault-injection soak and CRIU's ZDTM suite through Belayer.
 
 pub mod auto;
@@ -23,6 +25,7 @@ pub mod ctrd;
 pub mod env;
 pub mod gateway;
 pub mod openai;
+pub mod openhands;
 pub mod plot;
 pub mod podman;
 pub mod procs;

@@ -57,7 +57,16 @@ pub fn git_commit() -> String {
 }
 
 /// The suites that drive containerd, runc or CRIU, and so run as root.
-const ROOT: [&str; 7] = ["env", "auto", "gateway", "rollout", "chaos", "zdtm", "push"];
+const ROOT: [&str; 8] = [
+    "env",
+    "auto",
+    "gateway",
+    "rollout",
+    "chaos",
+    "zdtm",
+    "push",
+    "openhands",
+];
 
 /// The command that reproduces a run of `suite`: `belayer-bench` and the arguments it was given.
 pub fn command(suite: &str) -> String {

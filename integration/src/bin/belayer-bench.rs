@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use belayer_api::report::chain;
 use belayer_integration::bench::{
-    auto, chaos, env, gateway, push, rollout, run_main, sched, vllm, worker, zdtm,
+    auto, chaos, env, gateway, openhands, push, rollout, run_main, sched, vllm, worker, zdtm,
 };
 use clap::{Parser, Subcommand};
 
@@ -39,6 +39,8 @@ enum Suite {
     Zdtm(zdtm::Args),
     /// Checkpoints through a registry to another node, replication lag, vs `ctr` (root)
     Push(push::Args),
+    /// OpenHands conversation: runc vs Belayer auto, checkpoint and restore by phase (root)
+    Openhands(openhands::Args),
 }
 
 fn main() -> ExitCode {
@@ -53,5 +55,6 @@ fn main() -> ExitCode {
         Suite::Chaos(a) => run_main("chaos", true, || chaos::run(&a)),
         Suite::Zdtm(a) => run_main("zdtm", true, || zdtm::run(&a)),
         Suite::Push(a) => run_main("push", true, || push::run(&a)),
+        Suite::Openhands(a) => run_main("openhands", true, || openhands::run(&a)),
     }
 }
