@@ -77,14 +77,14 @@ def test_the_scheduler_matches_leading_recorded_blocks_and_leaves_a_token(tmp_pa
     kvreuse.write_table(str(tmp_path), 3, [KvBlock(9, h[0], 1), KvBlock(8, h[1], 2), KvBlock(6, h[2], 3)])
     t = kvreuse.Table(str(tmp_path))
     # 12 tokens: at most 2 blocks, one token must be computed.
-    assert t.match(toks, BS, SALT, 0) == [(0, 9, 1), (1, 8, 2)]
-    assert t.match(toks + [1], BS, SALT, 0) == [(0, 9, 1), (1, 8, 2), (2, 6, 3)]
+    assert t.match(toks, BS, SALT, 0) == [(0, 9, 1, h[0]), (1, 8, 2, h[1])]
+    assert t.match(toks + [1], BS, SALT, 0) == [(0, 9, 1, h[0]), (1, 8, 2, h[1]), (2, 6, 3, h[2])]
     # Locally cached first block: continue from the second.
-    assert t.match(toks + [1], BS, SALT, BS) == [(1, 8, 2), (2, 6, 3)]
+    assert t.match(toks + [1], BS, SALT, BS) == [(1, 8, 2, h[1]), (2, 6, 3, h[2])]
     # A different token in block 1 ends the match there.
     other = toks.copy()
     other[5] = 77
-    assert t.match(other + [1], BS, SALT, 0) == [(0, 9, 1)]
+    assert t.match(other + [1], BS, SALT, 0) == [(0, 9, 1, h[0])]
     assert t.match(toks, BS, b"other", 0) == []
     kvreuse.remove_table(str(tmp_path))
     assert t.match(toks + [1], BS, SALT, 0) == []
@@ -103,20 +103,25 @@ def test_a_block_is_copied_only_if_its_checksum_still_matches():
     new_map = mmap.mmap(fd, size)
     live = layers_over(new_map)
     kv_addr = live[0].data_ptr()
-    # The successor's view of the old pages: same offsets, read-only.
-    a = kvreuse.Adoption(fd, size, size, kv_addr, live)
-    assert a.load(live, [(3, 6, sums[3])]) == [True]
+    # The successor's view of the old pages: same offsets, read-only; the broker's records.
+    pre = {b: bytes([b]) * 16 for b in range(8)}
+    a = kvreuse.Adoption(fd, size, size, kv_addr, live, [KvBlock(b, pre[b], sums[b]) for b in range(8)])
+    assert a.load(live, [(3, 6, sums[3], pre[3])]) == [True]
     assert all(torch.equal(n[6], o[3]) for n, o in zip(live, old))
     # One byte of block 4 in the last layer changes: refused, nothing copied.
     old_map[used - (8 - 4) * 2 * BS * 6 * 4] ^= 0xFF
     before = [n[1].clone() for n in live]
-    assert a.load(live, [(4, 1, sums[4])]) == [False]
+    assert a.load(live, [(4, 1, sums[4], pre[4])]) == [False]
     assert all(torch.equal(n[1], b) for n, b in zip(live, before))
-    assert a.load(live, [(99, 1, 0)]) == [False], "a block index beyond the cache is refused"
-    assert a.load(live, [(3, 99, sums[3])]) == [False], "so is a destination beyond it"
+    assert a.load(live, [(99, 1, 0, pre[3])]) == [False], "a block index beyond the cache is refused"
+    assert a.load(live, [(3, 99, sums[3], pre[3])]) == [False], "so is a destination beyond it"
+    # A pairing the broker did not record (a forged adoption table) is refused, intact or not.
+    assert a.load(live, [(3, 1, sums[3], pre[5])]) == [False]
+    assert a.load(live, [(3, 1, sums[5], pre[3])]) == [False]
     # Several at once (checked on threads): each judged on its own.
-    assert a.load(live, [(0, 2, sums[0]), (4, 3, sums[4]), (5, 4, sums[5])]) == [True, False, True]
+    loads = [(0, 2, sums[0], pre[0]), (4, 3, sums[4], pre[4]), (5, 4, sums[5], pre[5])]
+    assert a.load(live, loads) == [True, False, True]
     assert torch.equal(live[2][4], old[2][5])
-    assert (a.adopted, a.refused) == (3, 4)
+    assert (a.adopted, a.refused) == (3, 6)
     a.close()
     os.close(fd)

@@ -71,8 +71,9 @@ def broker_kv_allocation(provide) -> Iterator[None]:
 
 @dataclass
 class BelayerConnectorMetadata(KVConnectorMetadata):
-    loads: list[tuple[str, int, int, int]] = field(default_factory=list)
-    """(request id, old block, new block, checksum) to verify and copy before this step."""
+    loads: list[tuple[str, int, int, int, bytes]] = field(default_factory=list)
+    """(request id, old block, new block, checksum, prefix hash) to verify and copy before
+    this step."""
 
 
 class BelayerConnector(KVConnectorBase_V1):
@@ -89,8 +90,8 @@ class BelayerConnector(KVConnectorBase_V1):
         self.salt = kvreuse.salt_of(vllm_config)
         cfg = PluginConfig.from_vllm(vllm_config)
         self.table = kvreuse.Table(cfg.state_dir)
-        self.pending: dict[str, list[tuple[int, int, int]]] = {}
-        self.loads: list[tuple[str, int, int, int]] = []
+        self.pending: dict[str, list[tuple[int, int, int, bytes]]] = {}
+        self.loads: list[tuple[str, int, int, int, bytes]] = []
         self.layers: list[torch.Tensor] = []
         self.invalid: set[int] = set()
         self.failed_reqs: set[str] = set()
@@ -120,10 +121,10 @@ class BelayerConnector(KVConnectorBase_V1):
         sess = session_mod.current()
         adoption = sess.adoption if sess is not None else None
         if adoption is not None and self.layers:
-            done = adoption.load(self.layers, [(old, new, ck) for _, old, new, ck in meta.loads])
+            done = adoption.load(self.layers, [x[1:] for x in meta.loads])
         else:
             done = [False] * len(meta.loads)
-        for (req_id, _, new, _), ok in zip(meta.loads, done):
+        for (req_id, _, new, _, _), ok in zip(meta.loads, done):
             if not ok:
                 self.invalid.add(new)
                 self.failed_reqs.add(req_id)
@@ -162,8 +163,8 @@ class BelayerConnector(KVConnectorBase_V1):
             return None
         ids = blocks.get_block_ids()[0]
         n = num_external_tokens // self.block_size
-        for k, old, checksum in found[:n]:
-            self.loads.append((request.request_id, old, ids[k], checksum))
+        for k, old, checksum, prefix in found[:n]:
+            self.loads.append((request.request_id, old, ids[k], checksum, prefix))
         return None
 
     def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:

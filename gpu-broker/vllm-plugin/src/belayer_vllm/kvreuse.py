@@ -165,9 +165,10 @@ class Table:
             self.key = key
         return self.blocks
 
-    def match(self, tokens: list[int], block_size: int, salt: bytes, computed: int) -> list[tuple[int, int, int]]:
-        """(block position, old block, checksum) for the recorded blocks that continue the
-        request's first ``computed`` tokens, leaving at least one token to compute."""
+    def match(self, tokens: list[int], block_size: int, salt: bytes, computed: int) -> list[tuple[int, int, int, bytes]]:
+        """(block position, old block, checksum, prefix hash) for the recorded blocks that
+        continue the request's first ``computed`` tokens, leaving at least one token to
+        compute. The file is a hint: the worker checks each against the broker's records."""
         blocks = self.current()
         if not blocks or computed % block_size:
             return []
@@ -179,14 +180,16 @@ class Table:
             hit = blocks.get(h)
             if hit is None:
                 break
-            found.append((k, hit[0], hit[1]))
+            found.append((k, hit[0], hit[1], h))
         return found
 
 
 class Adoption:
     """The promoted shadow's read-only view of its dead predecessor's KV pages."""
 
-    def __init__(self, fd: int, offset: int, length: int, kv_addr: int, layers: list[torch.Tensor]) -> None:
+    def __init__(self, fd: int, offset: int, length: int, kv_addr: int, layers: list[torch.Tensor], records: list[KvBlock]) -> None:
+        self.records = {b.block: (b.prefix, b.checksum) for b in records}
+        """The broker's records, by old block: what a load must name exactly."""
         self.map = mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=offset)
         base = torch.frombuffer(self.map, dtype=torch.uint8)
         self.old: list[torch.Tensor] = []
@@ -200,7 +203,9 @@ class Adoption:
         self.refused = 0
         self.pool: ThreadPoolExecutor | None = None
 
-    def _load(self, layers: list[torch.Tensor], old_block: int, new_block: int, checksum: int) -> bool:
+    def _load(self, layers: list[torch.Tensor], old_block: int, new_block: int, checksum: int, prefix: bytes) -> bool:
+        if self.records.get(old_block) != (prefix, checksum):
+            return False
         try:
             ok = 0 <= old_block < self.old[0].shape[0] and 0 <= new_block < layers[0].shape[0]
             if ok and block_checksum(self.old, old_block) == checksum:
@@ -211,9 +216,10 @@ class Adoption:
             log.warning("belayer: adopting KV block %d into %d failed: %s", old_block, new_block, e)
         return False
 
-    def load(self, layers: list[torch.Tensor], loads: list[tuple[int, int, int]]) -> list[bool]:
-        """Copies each (old block, new block, checksum) whose checksum still matches; anything
-        else (a changed block, an index outside the cache, a failed copy) is refused. The checks
+    def load(self, layers: list[torch.Tensor], loads: list[tuple[int, int, int, bytes]]) -> list[bool]:
+        """Copies each (old block, new block, checksum, prefix hash) that the broker recorded
+        so and whose bytes still match the checksum; anything else (an unrecorded pairing, a
+        changed block, an index outside the cache, a failed copy) is refused. The checks
         run on a few threads (hashing and copying release the GIL; the forward pass waits)."""
         if len(loads) > 1:
             if self.pool is None:

@@ -239,7 +239,7 @@ class Session:
             return
         fd = self._kv_fd()
         try:
-            self.adoption = kvreuse.Adoption(fd, pages[0][0] * page_bytes, self.kv_len, self.kv_addr, layers)
+            self.adoption = kvreuse.Adoption(fd, pages[0][0] * page_bytes, self.kv_len, self.kv_addr, layers, blocks)
         finally:
             os.close(fd)
         kvreuse.write_table(self.cfg.state_dir, grant.epoch, blocks)
