@@ -228,7 +228,18 @@ fn mini_swe_agent_finishes_its_task_through_a_sandbox_crash() {
         position["mismatches"].as_array().is_some_and(Vec::is_empty),
         "replayed actions answered differently: {status}"
     );
-    let k = position["action"].as_u64().expect("journal position");
+    // After a replay the journal stands at every action before the crash: the checkpoint's
+    // (named in `reflects`) plus the replayed ones.
+    assert_eq!(
+        position["action"].as_u64(),
+        Some(killed_after as u64),
+        "the restored sandbox must reflect every action before the crash: {status}"
+    );
+    let k = position["reflects"]
+        .as_str()
+        .and_then(|r| r.rsplit(' ').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .expect("the checkpoint's action in `reflects`");
     assert_eq!(
         k + position["replayed"].as_u64().unwrap_or(0),
         killed_after as u64,
