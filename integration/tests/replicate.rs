@@ -184,6 +184,42 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
     // The container ran on through both pushes; a failed push (no credentials) leaves it so.
     let refused = a.belayer_docker(&no_credentials, &["push", "sb", &format!("{repo}:cp-x")]);
     assert_refused(&refused, 4, "no credentials");
+    // Credentials from a credential helper, as docker finds them (`credsStore`): a real helper
+    // process on PATH answers for the registry, and the push goes through (nothing new to
+    // upload); when it answers wrong credentials, the registry refuses them.
+    let via_helper = |secret: &str| {
+        let (config, bin) = (
+            scratch.path().join("docker-helper"),
+            scratch.path().join("bin"),
+        );
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::write(
+            config.join("config.json"),
+            r#"{"credsStore": "belayertest"}"#,
+        )
+        .unwrap();
+        let helper = bin.join("docker-credential-belayertest");
+        std::fs::write(
+            &helper,
+            format!(
+                "#!/bin/sh\n[ \"$1\" = get ] && read -r server && [ \"$server\" = {} ] || exit 9\n\
+                 printf '{{\"Username\":\"{USER}\",\"Secret\":\"{secret}\"}}'\n",
+                registry.addr
+            ),
+        )
+        .unwrap();
+        let exec = <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o755);
+        std::fs::set_permissions(&helper, exec).unwrap();
+        let mut cmd = a.belayer_cmd(&["push", "--json", "sb", &format!("{repo}:cp-helper")]);
+        let path = std::env::var("PATH").unwrap_or_default();
+        cmd.env("DOCKER_CONFIG", &config)
+            .env("PATH", format!("{}:{path}", bin.display()));
+        belayer_integration::containerd::run(&mut cmd, None, Duration::from_secs(120))
+    };
+    let helped = via_helper(PASSWORD);
+    assert_eq!(helped.code, 0, "push with a credential helper: {helped:?}");
+    assert_refused(&via_helper("wrong"), 4, "refused access (401)");
     // Nor does a push of a checkpoint that is not there, or to a reference that is not one.
     let missing = a.belayer_docker(&docker, &["push", "sb", "99", &format!("{repo}:cp-x")]);
     assert_refused(&missing, 3, "99");
