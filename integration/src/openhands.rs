@@ -94,10 +94,10 @@ impl Daemons {
 
     /// Like [`Daemons::with_belayer`], for the `openhands-ai` app: its image ([`APP_IMAGE`]), and
     /// the daemon's containers resolving names through 127.0.0.1 only (the shipped
-    /// `daemon-default-runtime.json` plus `"dns": ["127.0.0.1"]`). The app's sandbox, on the
-    /// host's network, looks up `host.docker.internal` for its webhook, a name nothing here
-    /// answers: the query stays on loopback and fails at once, where the machine's resolver is
-    /// off the machine.
+    /// `daemon-default-runtime.json` plus `"dns": ["127.0.0.1"]`), where the machine's resolver
+    /// is off the machine. The app's sandbox, on the host's network, looks up
+    /// `host.docker.internal` for its webhook: the app driver answers that name on 127.0.0.1:53
+    /// (`assets/openhands/loopback_dns.py`) and no other.
     #[track_caller]
     pub fn for_app(name: &str, belayer_toml: &str) -> Self {
         Self::start(name, Some(belayer_toml), &APP_IMAGE, true)

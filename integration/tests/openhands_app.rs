@@ -11,11 +11,12 @@
 use std::time::Duration;
 
 use belayer_integration::openhands::{Daemons, SERVER, app_conversation};
+use serde_json::Value;
 
 /// The app starts its sandbox on the Belayer-default dockerd; a conversation started through
 /// the app with a first user message runs one terminal step in it and finishes: the start task
 /// READY, the app reports the conversation finished, the stub model saw the step's result, the
-/// step's file is in the sandbox, whose container runs under the Belayer runtime (docker's
+/// app's own events hold the step and its result, the step's file is in the sandbox, whose container runs under the Belayer runtime (docker's
 /// `HostConfig.Runtime`, and the Belayer shim answers for it), and which Belayer checkpoints.
 #[test]
 fn openhands_app_runs_a_turn_in_a_belayer_sandbox() {
@@ -32,6 +33,18 @@ fn openhands_app_runs_a_turn_in_a_belayer_sandbox() {
         .flatten()
         .any(|e| e["event"] == "request" && e["k"] == 1 && e["tools"] == true);
     assert!(asked_after_tool, "no model turn after the tool step: {r:#}");
+    // The app received the step from its sandbox (the agent-server's webhook).
+    let received = |kind: &str| {
+        r["app_events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|e| e["kind"] == kind && e["tool"] == "terminal")
+    };
+    assert!(
+        received("ActionEvent") && received("ObservationEvent"),
+        "the app's events must hold the terminal step and its result: {r:#}"
+    );
 
     let name = r["start_task"]["sandbox_id"].as_str().expect("sandbox id");
     let inspect = x.d.docker(&[
@@ -58,15 +71,38 @@ fn openhands_app_runs_a_turn_in_a_belayer_sandbox() {
         file.stdout, "step 0: written by the agent the app started\n",
         "the terminal step's file in the sandbox: {file:?}"
     );
+    // Every name the sandbox looked up went to the driver's resolver on 127.0.0.1: the webhook's
+    // host, and github.com, which agent-server 1.34.0 clones public skills from whenever the app
+    // asks for them (always); NXDOMAIN, so the clone fails at once and nothing leaves the machine.
+    let unexpected: Vec<&Value> = r["dns_asked"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|n| *n != "host.docker.internal" && *n != "github.com")
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "the sandbox looked up names the test does not expect: {unexpected:?}"
+    );
     let (checkpoint, took) = x.checkpoint(&id);
+    let events: Vec<String> = r["app_events"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| match e["tool"].as_str() {
+            Some(tool) => format!("{}({tool})", e["kind"].as_str().unwrap_or("?")),
+            None => e["kind"].as_str().unwrap_or("?").to_string(),
+        })
+        .collect();
     println!(
         "openhands-ai app on belayer: app up in {} s, sandbox started and conversation created \
-         in {} s, turn (terminal step, finish) {} s; events the app received: {}; checkpoint \
-         {checkpoint} of its sandbox in {:.2} s (cli)",
+         in {} s, turn (terminal step, finish) {} s; events the app received: {}; names the \
+         sandbox looked up: {}; checkpoint {checkpoint} of its sandbox in {:.2} s (cli)",
         r["app_ready_s"],
         r["sandbox_ready_s"],
         r["turn_s"],
-        r["app_events"],
+        events.join(", "),
+        r["dns_asked"],
         took.as_secs_f64()
     );
 }

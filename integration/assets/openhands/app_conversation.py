@@ -12,7 +12,8 @@ until READY, then the conversation until the app reports it finished. The sandbo
 running for the test to inspect; the app is stopped.
 
 Writes a JSON report to --out: the start task, the conversation as the app reports it, the
-events the app received from the sandbox, the stub's events, and timings: `app_ready_s` (app
+events the app received from the sandbox (its webhook: the sandbox resolves host.docker.internal
+through loopback_dns.py), the names the sandbox looked up, the stub's events, and timings: `app_ready_s` (app
 process started -> GET /health answers), `sandbox_ready_s` (conversation requested -> start task
 READY: sandbox started, healthy, conversation created in it), `turn_s` (READY -> the app reports
 execution_status "finished").
@@ -31,6 +32,7 @@ import urllib.request
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loopback_dns  # noqa: E402
 import stub_llm  # noqa: E402
 
 PROJECT = "/workspace/project"
@@ -62,14 +64,12 @@ def app_env(image: str, app_port: int, state: str) -> dict[str, str]:
         # host.docker.internal wherever the app believes it runs in a container (it looks for
         # /.dockerenv, which these machines have), and that name is looked up off the machine.
         "SANDBOX_CONTAINER_URL_PATTERN": "http://127.0.0.1:{port}",
-        # The app's port, for the sandbox's webhook (http://host.docker.internal:PORT, fixed).
+        # The app's port, for the sandbox's webhook (http://host.docker.internal:PORT, fixed;
+        # loopback_dns.py answers that name here).
         "SANDBOX_HOST_PORT": str(app_port),
         # The app's URL as the sandbox sees it (host network: loopback): its MCP server. Unset,
         # the app gives the sandbox http://host.docker.internal:PORT.
         "OH_WEB_URL": f"http://127.0.0.1:{app_port}",
-        # The agent-server reads public skills from this path instead of cloning
-        # github.com/OpenHands/extensions at conversation start; it does not exist: no skills.
-        "OH_AGENT_SERVER_ENV": json.dumps({"EXTENSIONS_PATH": "/nonexistent/extensions"}),
         "OH_PERSISTENCE_DIR": state,
         "SERVE_FRONTEND": "false",
         # litellm (imported by the app) would otherwise fetch its cost map from GitHub.
@@ -103,6 +103,15 @@ def wait_for(what: str, limit_s: float, probe: Any) -> Any:
     raise SystemExit(f"no {what} after {limit_s:.0f} s; last: {last}")
 
 
+def app_events(base: str, conversation_id: str) -> list[dict[str, Any]] | None:
+    """The events the app received from the sandbox (its webhook), as kind and tool; None until
+    the terminal step's observation is among them."""
+    page = call(base, "GET", f"/api/v1/conversation/{conversation_id}/events/search?limit=100")
+    events = [{"kind": e.get("kind"), "tool": e.get("tool_name")} for e in page.get("items", [])]
+    done = {"kind": "ObservationEvent", "tool": "terminal"} in events
+    return events if done else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--image", required=True)
@@ -115,8 +124,14 @@ def main() -> None:
     a = ap.parse_args()
 
     stub_llm.serve(stub_llm.Script(steps=task(), events=a.events), a.llm_port)
+    # The sandbox's webhook name, for the sandbox's resolver (the test's dockerd: 127.0.0.1).
+    asked: list[str] = []
+    try:
+        loopback_dns.serve(asked)
+    except OSError as e:
+        raise SystemExit(f"cannot serve DNS on 127.0.0.1:53 for the sandbox's webhook: {e}")
     base = f"http://127.0.0.1:{a.app_port}"
-    report: dict[str, Any] = {"error": None}
+    report: dict[str, Any] = {"error": None, "dns_asked": asked}
     log = open(a.app_log, "w")
     app = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "openhands.app_server.app:app",
@@ -158,8 +173,8 @@ def main() -> None:
         report["turn_s"] = round(time.monotonic() - ready, 2)
         report["conversation"] = {k: c.get(k) for k in (
             "id", "sandbox_id", "sandbox_status", "execution_status", "conversation_url")}
-        page = call(base, "GET", f"/api/v1/conversation/{conversation_id}/events/search?limit=100")
-        report["app_events"] = [e.get("kind") for e in page.get("items", [])]
+        report["app_events"] = wait_for("terminal step's observation among the app's events",
+                                        30, lambda: app_events(base, conversation_id))
     except SystemExit as e:
         report["error"] = str(e)
     finally:
