@@ -1,7 +1,8 @@
 //! OpenHands V1 sandboxes on a private dockerd (issue 22): the daemons, the scripted
-//! conversation's driver (`assets/openhands/conversation.py`) and its report, and where a
-//! checkpoint fell among the model's turns. Shared by `tests/openhands.rs` and `belayer-bench
-//! openhands`.
+//! conversation's driver (`assets/openhands/conversation.py`) and its report, where a checkpoint
+//! fell among the model's turns, and the `openhands-ai` app's driver
+//! (`assets/openhands/app_conversation.py`). Shared by `tests/openhands.rs`,
+//! `tests/openhands_app.rs` and `belayer-bench openhands`.
 //!
 //! The sandbox uses the host's network (`network="host"`, the agent-server on 127.0.0.1:8000, the
 //! stub LLM on a loopback port): no bridge, no 172.x/10.x traffic. OpenHands' DockerWorkspace asks
@@ -22,10 +23,26 @@ use crate::{Containerd, Docker, Flavor, Out, Scratch, prereq};
 
 /// Where `scripts/setup-openhands` installs OpenHands.
 pub const VENV: &str = "/opt/belayer/openhands/venv";
-/// The agent-server image `scripts/images-openhands --import` makes.
-pub const IMAGE: &str = "belayer.local/openhands-agent-server:1.58.2";
-/// Its archive in the images dir.
-pub const IMAGE_TAR: &str = "openhands-agent-server.rootfs.tar";
+/// Where it installs the `openhands-ai` app (the V1 app server), in a venv of its own.
+pub const APP_VENV: &str = "/opt/belayer/openhands-app/venv";
+
+/// An agent-server image `scripts/setup-openhands` builds: its archive in the images dir, and the
+/// name `scripts/images-openhands --import` gives it.
+pub struct AgentImage {
+    pub tar: &'static str,
+    pub name: &'static str,
+}
+
+/// The SDK suite's: openhands-agent-server 1.58.2.
+pub const IMAGE: AgentImage = AgentImage {
+    tar: "openhands-agent-server.rootfs.tar",
+    name: "belayer.local/openhands-agent-server:1.58.2",
+};
+/// The app's: the agent-server `openhands-ai` 1.11.0 pins (1.34.0), with chromium.
+pub const APP_IMAGE: AgentImage = AgentImage {
+    tar: "openhands-agent-server-1.34.0.rootfs.tar",
+    name: "belayer.local/openhands-agent-server:1.34.0",
+};
 /// DockerWorkspace runs the server with `--port 8000`; on the host's network that is the port.
 pub const SERVER_PORT: u16 = 8000;
 /// The server's port is the machine's: one conversation at a time in a process.
@@ -72,28 +89,46 @@ impl Daemons {
     /// Belayer as dockerd's default runtime; its shims read `belayer_toml`.
     #[track_caller]
     pub fn with_belayer(name: &str, belayer_toml: &str) -> Self {
-        Self::start(name, Some(belayer_toml))
+        Self::start(name, Some(belayer_toml), &IMAGE, false)
+    }
+
+    /// Like [`Daemons::with_belayer`], for the `openhands-ai` app: its image ([`APP_IMAGE`]), and
+    /// the daemon's containers resolving names through 127.0.0.1 only (the shipped
+    /// `daemon-default-runtime.json` plus `"dns": ["127.0.0.1"]`), where the machine's resolver
+    /// is off the machine. The app's sandbox, on the host's network, looks up
+    /// `host.docker.internal` for its webhook: the app driver answers that name on 127.0.0.1:53
+    /// (`assets/openhands/loopback_dns.py`) and no other.
+    #[track_caller]
+    pub fn for_app(name: &str, belayer_toml: &str) -> Self {
+        Self::start(name, Some(belayer_toml), &APP_IMAGE, true)
     }
 
     /// docker's default runtime, runc (`io.containerd.runc.v2`).
     #[track_caller]
     pub fn with_runc(name: &str) -> Self {
-        Self::start(name, None)
+        Self::start(name, None, &IMAGE, false)
     }
 
     #[track_caller]
-    fn start(name: &str, belayer_toml: Option<&str>) -> Self {
-        let python = Path::new(VENV).join("bin/python");
+    fn start(name: &str, belayer_toml: Option<&str>, image: &AgentImage, app: bool) -> Self {
+        let (python, venv) = if app {
+            (
+                Path::new(APP_VENV).join("bin/python"),
+                "openhands-ai 1.11.0",
+            )
+        } else {
+            (Path::new(VENV).join("bin/python"), "OpenHands 1.58.2")
+        };
         if !python.is_file() {
             prereq::missing(
-                &format!("{} (OpenHands 1.58.2)", python.display()),
+                &format!("{} ({venv})", python.display()),
                 "run scripts/setup-openhands",
             );
         }
-        if !prereq::images_dir().join(IMAGE_TAR).is_file() {
+        if !prereq::images_dir().join(image.tar).is_file() {
             prereq::missing(
-                &prereq::images_dir().join(IMAGE_TAR).display().to_string(),
-                "build it: scripts/setup-openhands (or scripts/images-openhands)",
+                &prereq::images_dir().join(image.tar).display().to_string(),
+                "build it: scripts/setup-openhands",
             );
         }
         let scratch = Scratch::new(&format!("openhands-{name}"));
@@ -102,16 +137,27 @@ impl Daemons {
             std::fs::write(&config, toml).expect("belayer config");
             config
         });
-        let daemon_json = config
-            .is_some()
-            .then(|| repo().join("configs/docker/daemon-default-runtime.json"));
+        let shipped = repo().join("configs/docker/daemon-default-runtime.json");
+        let daemon_json = match (config.is_some(), app) {
+            (false, _) => None,
+            (true, false) => Some(shipped),
+            (true, true) => {
+                let text = std::fs::read_to_string(&shipped).expect("the shipped daemon.json");
+                let mut json: Value = serde_json::from_str(&text).expect("daemon.json is JSON");
+                json["dns"] = serde_json::json!(["127.0.0.1"]);
+                let path = scratch.path().join("daemon.json");
+                std::fs::write(&path, json.to_string()).expect("write daemon.json");
+                Some(path)
+            }
+        };
         let c = Containerd::start_configured(Flavor::V2, None, config);
         let d = Docker::start_with_config(&c, daemon_json.as_deref());
         let import = crate::containerd::run(
             Command::new(repo().join("scripts/images-openhands"))
                 .arg("--import")
                 .env("DOCKER_HOST", &d.host)
-                .env("OPENHANDS_IMAGE", IMAGE),
+                .env("OPENHANDS_IMAGE_TAR", image.tar)
+                .env("OPENHANDS_IMAGE", image.name),
             None,
             Duration::from_secs(300),
         );
@@ -174,6 +220,42 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// One conversation turn through the `openhands-ai` app on `x`'s dockerd (made by
+/// [`Daemons::for_app`]): `assets/openhands/app_conversation.py` starts the app with
+/// `DOCKER_HOST` on that daemon and drives it through its HTTP API. Its JSON report; the driver
+/// failing, or running past `limit`, fails the test with the app's log.
+#[track_caller]
+pub fn app_conversation(x: &Daemons, limit: Duration) -> Value {
+    let dir = x.scratch.path();
+    let (report, app_log, state) = (dir.join("app.json"), dir.join("app.log"), dir.join("app"));
+    std::fs::create_dir_all(&state).expect("the app's persistence dir");
+    let mut cmd = Command::new(Path::new(APP_VENV).join("bin/python"));
+    cmd.arg(assets().join("app_conversation.py"))
+        .args(["--image", APP_IMAGE.name])
+        .args(["--app-port", &free_port().to_string()])
+        .args(["--llm-port", &free_port().to_string()])
+        .arg("--state")
+        .arg(&state)
+        .arg("--events")
+        .arg(dir.join("app.events"))
+        .arg("--app-log")
+        .arg(&app_log)
+        .arg("--out")
+        .arg(&report)
+        .env("DOCKER_HOST", &x.d.host);
+    let out = crate::containerd::run(&mut cmd, None, limit);
+    let text = std::fs::read_to_string(&report).unwrap_or_default();
+    if out.code != 0 || text.is_empty() {
+        let log = std::fs::read_to_string(&app_log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(60).collect();
+        panic!(
+            "the app's conversation failed: {out:?}\nreport: {text}\nthe app's log (tail):\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    serde_json::from_str(&text).expect("the app driver's report is JSON")
+}
+
 /// The files one conversation's driver reads and writes.
 pub struct Run {
     report: PathBuf,
@@ -203,7 +285,7 @@ impl Run {
         let hold: Vec<String> = hold.iter().map(|k| k.to_string()).collect();
         let mut cmd = Command::new(Path::new(VENV).join("bin/python"));
         cmd.arg(assets().join("conversation.py"))
-            .args(["--image", IMAGE, "--port", &SERVER_PORT.to_string()])
+            .args(["--image", IMAGE.name, "--port", &SERVER_PORT.to_string()])
             .args(["--llm-port", &free_port().to_string()])
             .args(["--hold", &hold.join(",")])
             .args(["--think-s", &think_s.to_string()])
