@@ -106,6 +106,20 @@ impl CheckpointImage {
         Descriptor::of_bytes(CONFIG_TYPE, &self.config_bytes)
     }
 
+    /// Pushes the image as `reference` (a tag, or a digest that must be the manifest's): its
+    /// layer and config where the repository lacks them, then the manifest.
+    pub async fn push(&self, client: &Client, reference: &Reference) -> Result<PushReport, Error> {
+        push_manifest_with_blobs(
+            client,
+            reference,
+            &[(&self.layer_digest, self.layer_size, self.layer.as_path())],
+            &self.config_descriptor(),
+            &self.config_bytes,
+            &self.manifest(),
+        )
+        .await
+    }
+
     /// The image manifest: the config, the one layer, the annotations.
     pub fn manifest(&self) -> Manifest {
         Manifest {
@@ -577,53 +591,12 @@ pub async fn push_cri_archive(
     work: &Path,
     limits: &CriArchiveLimits,
 ) -> Result<PushReport, Error> {
-    push_image(client, reference, work, |work| {
-        checkpoint_image(archive, work, limits)
-    })
-    .await
-}
-
-/// Makes the shim's export in `export` with `dumps` into a checkpoint image ([`export_image`],
-/// in a work dir `work` that must not exist, created 0700 and removed afterwards) and pushes it
-/// as `reference`.
-pub async fn push_export_image(
-    client: &Client,
-    reference: &Reference,
-    export: &Path,
-    dumps: &CriDumps,
-    work: &Path,
-    limits: &CriArchiveLimits,
-) -> Result<PushReport, Error> {
-    push_image(client, reference, work, |work| {
-        export_image(export, dumps, work, limits)
-    })
-    .await
-}
-
-/// Creates `work` (0700), makes the image there with `make`, pushes it as `reference`, and
-/// removes `work` whatever happened.
-async fn push_image(
-    client: &Client,
-    reference: &Reference,
-    work: &Path,
-    make: impl FnOnce(&Path) -> Result<CheckpointImage, Error>,
-) -> Result<PushReport, Error> {
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(work)
         .map_err(io(format!("create {}", work.display())))?;
-    let pushed = match make(work) {
-        Ok(image) => {
-            push_manifest_with_blobs(
-                client,
-                reference,
-                &[(&image.layer_digest, image.layer_size, image.layer.as_path())],
-                &image.config_descriptor(),
-                &image.config_bytes,
-                &image.manifest(),
-            )
-            .await
-        }
+    let pushed = match checkpoint_image(archive, work, limits) {
+        Ok(image) => image.push(client, reference).await,
         Err(e) => Err(e),
     };
     let _ = std::fs::remove_dir_all(work);
