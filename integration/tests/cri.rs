@@ -717,11 +717,12 @@ fn a_cri_checkpoint_pushed_as_an_image_restores_in_another_pod() {
 /// shim's export of it with the dumps CRI writes beside a checkpoint, made from containerd's own
 /// records of the container, and pushes it to a registry with authentication. The image is of
 /// the checkpoint named (not of the container at the push), whose instant its config carries. The
-/// pod goes, and every local trace of the checkpoint (Belayer's store); a new pod pulls the image
-/// by digest with the kubelet's credentials, and a container created from it through CRI
-/// continues from that checkpoint, processes and filesystem. Fails on the old code: no `--kube`.
+/// pod goes, and its checkpoints; on node B (a second containerd with its own root, content
+/// store and Belayer store) a new pod pulls the image by digest with the kubelet's credentials,
+/// and a container created from it through CRI continues from that checkpoint, processes and
+/// filesystem, its chain imported into node B's store. Fails on the old code: no `--kube`.
 #[test]
-fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_in_another_pod() {
+fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_on_another_node() {
     let started = std::time::Instant::now();
     let c = Containerd::start_cri();
     let (mut cri, pod, busybox, id) = counter_pod(&c, "kube-pod");
@@ -779,14 +780,22 @@ fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_in_another_pod() {
     assert_holds(&layer, &["status.dump"], "the image's layer");
     let _ = std::fs::remove_file(&layer);
 
-    // The source goes, and its checkpoints with it: as on another node.
+    // The source goes, and its checkpoints with it.
     cri.remove_pod(&pod);
     let _ = std::fs::remove_dir_all(c.checkpoints_dir(&id));
-    assert!(!cri.has_image(&pinned), "{pinned} is local before the pull");
+    assert_no_shims(&c);
 
-    let pod = cri.run_pod("kube-pod-2", "belayer");
-    let restored = restore_pulled(&c, &mut cri, (&pod, "kube-pod-2"), &pinned, "/by-belayer");
-    let r = Sandbox::attach(&c, &restored);
+    // Node B: a containerd of its own (root, content, Belayer store), CRI on the Belayer handler.
+    let b = Containerd::start_cri();
+    let mut cri_b = Cri::connect(&b);
+    cri_b.wait_ready();
+    assert!(
+        !cri_b.has_image(&pinned),
+        "{pinned} is on node B before the pull"
+    );
+    let pod = cri_b.run_pod("kube-pod-2", "belayer");
+    let restored = restore_pulled(&b, &mut cri_b, (&pod, "kube-pod-2"), &pinned, "/by-belayer");
+    let r = Sandbox::attach(&b, &restored);
     let counter = r.counter();
     assert!(
         counter.len() >= before,
@@ -794,11 +803,15 @@ fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_in_another_pod() {
         counter.len()
     );
     assert_counter_goes_on(&r, "the counter restored from Belayer's checkpoint image");
+    assert!(
+        std::fs::read_dir(b.checkpoints_dir(&restored)).is_ok_and(|mut d| d.next().is_some()),
+        "node B's store holds no checkpoint of the restored container"
+    );
 
-    cri.remove_pod(&pod);
-    assert_no_shims(&c);
+    cri_b.remove_pod(&pod);
+    assert_no_shims(&b);
     eprintln!(
-        "push --kube: {} bytes up, restored in another pod; test took {:.1} s",
+        "push --kube: {} bytes up, restored on node B; test took {:.1} s",
         info["uploaded_bytes"],
         started.elapsed().as_secs_f64()
     );
