@@ -780,6 +780,28 @@ fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_on_another_node() 
     assert_holds(&layer, &["status.dump"], "the image's layer");
     let _ = std::fs::remove_file(&layer);
 
+    // A container CRI does not serve (made with ctr, on Belayer's runtime) is no Kubernetes one:
+    // refused by name before anything is exported or uploaded.
+    run_detached(&c, BELAYER, "plain", &["sleep", "1000"]);
+    checkpoint(&c, "plain");
+    let uploads = registry.finished_uploads();
+    let plain = format!("{}/k8s/plain:x", registry.addr);
+    let refused = c.belayer_docker(&docker, &["push", "--kube", "plain", &plain]);
+    assert_eq!(refused.code, 8, "{refused:?}");
+    assert!(
+        refused
+            .stderr
+            .contains("container plain is not a Kubernetes (CRI) container"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        registry.finished_uploads(),
+        uploads,
+        "the refused push uploaded"
+    );
+    remove(&c, "plain");
+
     // The source goes, and its checkpoints with it.
     cri.remove_pod(&pod);
     let _ = std::fs::remove_dir_all(c.checkpoints_dir(&id));
