@@ -580,6 +580,30 @@ fn checked_checkpoint_image(
     manifest
 }
 
+/// Asserts that `belayer push ARGS` (credentials from the docker config dir `docker`) is refused
+/// as invalid (exit 8) saying `says`, and that nothing reached `registry`.
+#[track_caller]
+fn assert_push_refused(
+    c: &Containerd,
+    registry: &AuthRegistry,
+    docker: &std::path::Path,
+    args: &[&str],
+    says: &str,
+) {
+    let uploads = registry.finished_uploads();
+    let refused = c.belayer_docker(docker, &[&["push"], args].concat());
+    assert_eq!(
+        refused.code, 8,
+        "push {args:?} was not refused: {refused:?}"
+    );
+    assert!(refused.stderr.contains(says), "{}", refused.stderr);
+    assert_eq!(
+        registry.finished_uploads(),
+        uploads,
+        "the refused push uploaded"
+    );
+}
+
 /// Kubernetes' restore from checkpoint image `pinned` in `pod` (id, name): the kubelet pulls it
 /// with the pod's pull secret (CRI PullImage `auth`), then creates the container from it, which
 /// containerd takes as a checkpoint image. Asserts that the container is at the checkpoint: the
@@ -670,25 +694,14 @@ fn a_cri_checkpoint_pushed_as_an_image_restores_in_another_pod() {
         &links.display().to_string(),
         "checkpoint/pages-9.img",
     ]);
-    let uploads = registry.finished_uploads();
-    let refused = push(&[
-        "push",
-        "--cri-archive",
-        &hostile.display().to_string(),
-        &format!("{}/k8s/agent:hostile", registry.addr),
-    ]);
-    assert_ne!(refused.code, 0, "a hostile archive was pushed: {refused:?}");
-    assert!(
-        refused
-            .stderr
-            .contains(r#"member "checkpoint/pages-9.img" is of tar type '2'"#),
-        "{}",
-        refused.stderr
-    );
-    assert_eq!(
-        registry.finished_uploads(),
-        uploads,
-        "the refused push uploaded"
+    let hostile_arg = hostile.display().to_string();
+    let hostile_ref = format!("{}/k8s/agent:hostile", registry.addr);
+    assert_push_refused(
+        &c,
+        &registry,
+        &docker,
+        &["--cri-archive", &hostile_arg, &hostile_ref],
+        r#"member "checkpoint/pages-9.img" is of tar type '2'"#,
     );
 
     // The source goes, and every local trace of its checkpoint: as on another node.
@@ -784,21 +797,13 @@ fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_on_another_node() 
     // refused by name before anything is exported or uploaded.
     run_detached(&c, BELAYER, "plain", &["sleep", "1000"]);
     checkpoint(&c, "plain");
-    let uploads = registry.finished_uploads();
     let plain = format!("{}/k8s/plain:x", registry.addr);
-    let refused = c.belayer_docker(&docker, &["push", "--kube", "plain", &plain]);
-    assert_eq!(refused.code, 8, "{refused:?}");
-    assert!(
-        refused
-            .stderr
-            .contains("container plain is not a Kubernetes (CRI) container"),
-        "{}",
-        refused.stderr
-    );
-    assert_eq!(
-        registry.finished_uploads(),
-        uploads,
-        "the refused push uploaded"
+    assert_push_refused(
+        &c,
+        &registry,
+        &docker,
+        &["--kube", "plain", &plain],
+        "container plain is not a Kubernetes (CRI) container",
     );
     remove(&c, "plain");
 
