@@ -65,6 +65,20 @@ pub struct PushRequest {
     /// Plain HTTP to any host, not only loopback (TLS is not implemented yet).
     #[serde(default)]
     pub plain_http: bool,
+    /// `belayer push --kube`: push the checkpoint as a Kubernetes checkpoint image (what a pod
+    /// restores from through CRI), with these dumps beside it, instead of as Belayer's artifact.
+    #[serde(default)]
+    pub kube: Option<KubeDumps>,
+}
+
+/// The files CRI's checkpoint archive holds beside the checkpoint (`config.dump`, `spec.dump`,
+/// `status.dump`), which the CLI makes from containerd's records of the container
+/// (belayer-registry's `kube::ContainerRecords`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct KubeDumps {
+    pub config: String,
+    pub spec: String,
+    pub status: String,
 }
 
 /// The prefix of a push's staging directory (its export) in the store root; the shim's pid

@@ -1,5 +1,6 @@
 //! The containerd calls of the CLI: look a container up, and create tasks that restore a
-//! checkpoint (a restore of a container without a task, forks, and a pulled checkpoint).
+//! checkpoint (a restore of a container without a task, forks, and a pulled checkpoint); and,
+//! for `belayer push --kube`, what containerd and its CRI plugin record of a container.
 
 use std::path::{Path, PathBuf};
 
@@ -17,8 +18,14 @@ use containerd_client::tonic::{Code, Request, transport::Channel};
 use containerd_client::with_namespace;
 
 use belayer_api::{RESTORE_ANNOTATION, RUNTIME_ID, RestoreOptions, SHIM_GROUP_ANNOTATION};
+use belayer_registry::kube::ContainerRecords;
+use k8s_cri::v1::ContainerStatusRequest;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 
 use crate::error::{Error, Result};
+
+/// The containerd container extension in which the CRI plugin keeps its metadata of a container.
+const CRI_METADATA_EXTENSION: &str = "io.cri-containerd.container.metadata";
 
 /// How long a restore waits for containerd to finish cleaning up after a dead shim.
 const DEAD_SHIM_CLEANUP: std::time::Duration = std::time::Duration::from_secs(30);
@@ -72,6 +79,50 @@ impl Containerd {
                 status,
             }),
         }
+    }
+
+    /// What containerd records of container `id` that CRI's checkpoint dumps are made from: its
+    /// container record (spec, runtime, creation time, the CRI plugin's metadata) and CRI's
+    /// `ContainerStatus` of it. A container CRI does not serve is not a Kubernetes one.
+    pub fn kube_records(&self, id: &str) -> Result<ContainerRecords> {
+        let c = self.container(id)?;
+        let spec = c
+            .spec
+            .as_ref()
+            .ok_or_else(|| Error::NoSpec(id.to_string()))?;
+        let mut cri = RuntimeServiceClient::new(self.channel()?);
+        let req = ContainerStatusRequest {
+            container_id: id.to_string(),
+            verbose: false,
+        };
+        let status = match self.rt.block_on(cri.container_status(req)) {
+            Ok(r) => r.into_inner().status,
+            Err(status) if matches!(status.code(), Code::NotFound | Code::Unimplemented) => {
+                return Err(Error::NotKube {
+                    id: id.to_string(),
+                    status,
+                });
+            }
+            Err(status) => {
+                return Err(Error::Containerd {
+                    step: format!("CRI status of {id}"),
+                    status,
+                });
+            }
+        };
+        let created = c.created_at.unwrap_or_default();
+        Ok(ContainerRecords {
+            id: id.to_string(),
+            runtime: c.runtime.map(|r| r.name).unwrap_or_default(),
+            created_unix_ns: i128::from(created.seconds) * 1_000_000_000
+                + i128::from(created.nanos),
+            spec: String::from_utf8_lossy(&spec.value).into_owned(),
+            cri_metadata: c
+                .extensions
+                .get(CRI_METADATA_EXTENSION)
+                .map(|m| String::from_utf8_lossy(&m.value).into_owned()),
+            status: serde_json::to_value(&status).unwrap_or_default(),
+        })
     }
 
     fn restore_annotation(&self, source: &str, seq: u64) -> String {

@@ -53,6 +53,19 @@ pub enum Error {
     /// containerd refused `step` (`create task c1`, `update container c1`, ...).
     #[error("{step}: {}", status.message())]
     Containerd { step: String, status: tonic::Status },
+    /// `belayer push --kube` of a container CRI does not serve (not a Kubernetes container).
+    #[error(
+        "container {id} is not a Kubernetes (CRI) container: containerd's CRI plugin does not know it ({})",
+        status.message()
+    )]
+    NotKube { id: String, status: tonic::Status },
+    /// `belayer push --kube` of a container whose records make no Kubernetes checkpoint image.
+    #[error("container {id}: containerd's records make no Kubernetes checkpoint image")]
+    KubeRecords {
+        id: String,
+        #[source]
+        source: belayer_registry::error::CriArchiveError,
+    },
     /// A container record's spec cannot be read or written.
     #[error("spec of {id}")]
     Spec {
@@ -155,6 +168,7 @@ impl Error {
             Error::Gateway(e) if e.is_invalid_argument() => 400,
             Error::Registry { source, .. } => registry_status(source),
             Error::HasTask(_) | Error::NoSnapshot(_) => 409,
+            Error::NotKube { .. } | Error::KubeRecords { .. } => 400,
             _ => 500,
         }
     }
@@ -180,7 +194,7 @@ fn registry_status(e: &belayer_registry::Error) -> u16 {
         | R::Layout { .. }
         | R::Archive { .. } => 422,
         // An archive that is not one Kubernetes wrote, or a hostile one.
-        R::CriArchive { .. } => 400,
+        R::CriArchive { .. } | R::KubeExport { .. } => 400,
         _ => 500,
     }
 }

@@ -122,12 +122,19 @@ enum Command {
     /// [CHECKPOINT] REF`, REF being `host[:port]/repository:tag`. Uploads only the blobs the
     /// registry lacks; prints REF pinned to the manifest's digest, then the bytes uploaded and
     /// skipped. Credentials: the docker config (`$DOCKER_CONFIG/config.json`, `~/.docker/config.json`).
-    /// `belayer push --cri-archive ARCHIVE REF` pushes a Kubernetes checkpoint archive instead,
-    /// as the checkpoint image a pod on another node restores from.
+    /// `belayer push --kube CONTAINER [CHECKPOINT] REF` pushes it as the checkpoint image a pod
+    /// on another node restores from through CRI; `belayer push --cri-archive ARCHIVE REF`
+    /// pushes a Kubernetes checkpoint archive as such an image.
     Push {
         /// `CONTAINER [CHECKPOINT] REF`, or `REF` alone with `--cri-archive`.
         #[arg(num_args = 1..=3, required = true, value_names = ["CONTAINER", "CHECKPOINT", "REF"])]
         args: Vec<String>,
+        /// Push the checkpoint of a Kubernetes container (one CRI runs on Belayer's handler) as
+        /// an OCI checkpoint image (one layer, checkpointctl's annotations) that containerd's
+        /// CRI restores a container from, as it restores one from the kubelet's checkpoint
+        /// archive, instead of as Belayer's artifact.
+        #[arg(long, conflicts_with = "cri_archive")]
+        kube: bool,
         /// A checkpoint archive written by Kubernetes (the kubelet's checkpoint API, CRI
         /// `CheckpointContainer`), pushed as an OCI checkpoint image (one layer, checkpointctl's
         /// annotations) that containerd's CRI restores a container from, as `checkpointctl build`

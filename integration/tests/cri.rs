@@ -274,6 +274,33 @@ fn assert_counter_goes_on(s: &Sandbox, what: &str) {
     );
 }
 
+/// Asserts that the tar `archive` (`what`) holds what CRI's checkpoint archive holds (a Belayer
+/// export as `checkpoint/`, `config.dump`, `spec.dump`) and the members `also`.
+#[track_caller]
+fn assert_holds(archive: &std::path::Path, also: &[&str], what: &str) {
+    let listing = std::process::Command::new("tar")
+        .arg("--list")
+        .arg("--file")
+        .arg(archive)
+        .output()
+        .expect("run tar");
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    let cri = [
+        "checkpoint/belayer-chain.tar",
+        "checkpoint/inventory.img",
+        "config.dump",
+        "spec.dump",
+    ];
+    for entry in cri.iter().chain(also) {
+        assert!(
+            listing
+                .lines()
+                .any(|l| l.trim_start_matches("./") == *entry),
+            "{entry} is not in {what}:\n{listing}"
+        );
+    }
+}
+
 /// Asserts that `c`'s shims go once its pods went (within 10 s).
 #[track_caller]
 fn assert_no_shims(c: &Containerd) {
@@ -397,24 +424,7 @@ fn a_cri_pod_on_the_belayer_handler_checkpoints_and_restores() {
     assert_eq!(s.exec("echo by-cri > /by-cri", None).code, 0);
     let archive = c.dir.join("cri-checkpoint.tar");
     cri.checkpoint(&id, &archive);
-    let listing = std::process::Command::new("tar")
-        .arg("--list")
-        .arg("--file")
-        .arg(&archive)
-        .output()
-        .expect("run tar");
-    let listing = String::from_utf8_lossy(&listing.stdout);
-    for entry in [
-        "checkpoint/belayer-chain.tar",
-        "checkpoint/inventory.img",
-        "config.dump",
-        "spec.dump",
-    ] {
-        assert!(
-            listing.lines().any(|l| l.trim_start_matches("./") == entry),
-            "{entry} is not in CRI's checkpoint archive:\n{listing}"
-        );
-    }
+    assert_holds(&archive, &[], "CRI's checkpoint archive");
     assert_eq!(
         s.exec("rm /by-cri && echo after-cri > /after-cri", None)
             .code,
@@ -524,6 +534,114 @@ fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
     let _ = c.belayer(&["rm", &restored, &cp]);
 }
 
+/// The manifest of checkpoint image `pinned` in `registry`, asserting what `checkpointctl build`
+/// would give it for the `sandbox` container of pod `pod_name` on Belayer's runtime, from the
+/// busybox that `busybox` serves: checkpointctl's annotations and one uncompressed layer.
+#[track_caller]
+fn checked_checkpoint_image(
+    registry: &AuthRegistry,
+    pinned: &str,
+    pod_name: &str,
+    busybox: &Registry,
+) -> serde_json::Value {
+    let digest = pinned.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+    let digest = belayer_registry::Digest::parse(digest).expect("a pinned digest");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(registry.blob_file(&digest)).unwrap()).unwrap();
+    let busybox = format!("{}/busybox", busybox.host);
+    let a = &manifest["annotations"];
+    for (key, want) in [
+        ("org.criu.checkpoint.engine.name", "containerd"),
+        ("org.criu.checkpoint.container.name", "sandbox"),
+        ("org.criu.checkpoint.pod.name", pod_name),
+        ("org.criu.checkpoint.pod.namespace", "default"),
+        (
+            "org.criu.checkpoint.runtime.name",
+            "io.containerd.belayer.v1",
+        ),
+        (
+            "org.criu.checkpoint.rootfsImageName",
+            &format!("{busybox}:latest"),
+        ),
+    ] {
+        assert_eq!(a[key], want, "{key} in {manifest}");
+    }
+    let image_id = a["org.criu.checkpoint.rootfsImageID"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        image_id.starts_with(&format!("{busybox}@sha256:")),
+        "rootfsImageID {image_id:?}"
+    );
+    assert_eq!(
+        manifest["layers"][0]["mediaType"],
+        "application/vnd.oci.image.layer.v1.tar"
+    );
+    manifest
+}
+
+/// Asserts that `belayer push ARGS` (credentials from the docker config dir `docker`) is refused
+/// as invalid (exit 8) saying `says`, and that nothing reached `registry`.
+#[track_caller]
+fn assert_push_refused(
+    c: &Containerd,
+    registry: &AuthRegistry,
+    docker: &std::path::Path,
+    args: &[&str],
+    says: &str,
+) {
+    let uploads = registry.finished_uploads();
+    let refused = c.belayer_docker(docker, &[&["push"], args].concat());
+    assert_eq!(
+        refused.code, 8,
+        "push {args:?} was not refused: {refused:?}"
+    );
+    assert!(refused.stderr.contains(says), "{}", refused.stderr);
+    assert_eq!(
+        registry.finished_uploads(),
+        uploads,
+        "the refused push uploaded"
+    );
+}
+
+/// Kubernetes' restore from checkpoint image `pinned` in `pod` (id, name): the kubelet pulls it
+/// with the pod's pull secret (CRI PullImage `auth`), then creates the container from it, which
+/// containerd takes as a checkpoint image. Asserts that the container is at the checkpoint: the
+/// file `kept` (written before it) is there and `/after` (written after it) is not. Returns the
+/// restored container's id.
+#[track_caller]
+fn restore_pulled(
+    c: &Containerd,
+    cri: &mut Cri,
+    pod: (&str, &str),
+    pinned: &str,
+    kept: &str,
+) -> String {
+    cri.pull_image(
+        pinned,
+        pod.1,
+        Some(cri::AuthConfig {
+            username: USER.into(),
+            password: PASSWORD.into(),
+            ..Default::default()
+        }),
+    )
+    .unwrap_or_else(|e| panic!("CRI PullImage {pinned}: {e}"));
+    let restored = cri.restore_from(pod, pinned);
+    let log = std::fs::read_to_string(c.log_path()).unwrap_or_default();
+    assert!(
+        log.contains("Found checkpoint of container"),
+        "containerd did not take {pinned} as a checkpoint image"
+    );
+    let script = format!("cat {kept}; test -e /after || echo no-after");
+    assert_eq!(
+        Sandbox::attach(c, &restored).exec(&script, None).stdout,
+        format!("{}\nno-after\n", kept.trim_start_matches('/')),
+        "the container restored from {pinned} is not at its checkpoint"
+    );
+    restored
+}
+
 /// Kubernetes' checkpoint leaves the node as a checkpoint image (KEP-2008's way: `checkpointctl
 /// build`): CRI CheckpointContainer writes the archive, `belayer push --cri-archive` pushes it to
 /// a registry with authentication (the CLI's credentials from a docker config), the pod goes
@@ -560,39 +678,7 @@ fn a_cri_checkpoint_pushed_as_an_image_restores_in_another_pod() {
     );
 
     // The manifest carries checkpointctl's annotations, filled from containerd's own dumps.
-    let digest = pinned.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
-    let digest = belayer_registry::Digest::parse(digest).expect("a pinned digest");
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(registry.blob_file(&digest)).unwrap()).unwrap();
-    let busybox = format!("{}/busybox", busybox.host);
-    let a = &manifest["annotations"];
-    for (key, want) in [
-        ("org.criu.checkpoint.engine.name", "containerd"),
-        ("org.criu.checkpoint.container.name", "sandbox"),
-        ("org.criu.checkpoint.pod.name", "image-pod"),
-        ("org.criu.checkpoint.pod.namespace", "default"),
-        (
-            "org.criu.checkpoint.runtime.name",
-            "io.containerd.belayer.v1",
-        ),
-        (
-            "org.criu.checkpoint.rootfsImageName",
-            &format!("{busybox}:latest"),
-        ),
-    ] {
-        assert_eq!(a[key], want, "{key} in {manifest}");
-    }
-    let image_id = a["org.criu.checkpoint.rootfsImageID"]
-        .as_str()
-        .unwrap_or_default();
-    assert!(
-        image_id.starts_with(&format!("{busybox}@sha256:")),
-        "rootfsImageID {image_id:?}"
-    );
-    assert_eq!(
-        manifest["layers"][0]["mediaType"],
-        "application/vnd.oci.image.layer.v1.tar"
-    );
+    checked_checkpoint_image(&registry, &pinned, "image-pod", &busybox);
 
     // A hostile archive: a symlink in it (to a host file) is refused, naming it; nothing goes up.
     let hostile = c.dir.join("hostile.tar");
@@ -608,25 +694,14 @@ fn a_cri_checkpoint_pushed_as_an_image_restores_in_another_pod() {
         &links.display().to_string(),
         "checkpoint/pages-9.img",
     ]);
-    let uploads = registry.finished_uploads();
-    let refused = push(&[
-        "push",
-        "--cri-archive",
-        &hostile.display().to_string(),
-        &format!("{}/k8s/agent:hostile", registry.addr),
-    ]);
-    assert_ne!(refused.code, 0, "a hostile archive was pushed: {refused:?}");
-    assert!(
-        refused
-            .stderr
-            .contains(r#"member "checkpoint/pages-9.img" is of tar type '2'"#),
-        "{}",
-        refused.stderr
-    );
-    assert_eq!(
-        registry.finished_uploads(),
-        uploads,
-        "the refused push uploaded"
+    let hostile_arg = hostile.display().to_string();
+    let hostile_ref = format!("{}/k8s/agent:hostile", registry.addr);
+    assert_push_refused(
+        &c,
+        &registry,
+        &docker,
+        &["--cri-archive", &hostile_arg, &hostile_ref],
+        r#"member "checkpoint/pages-9.img" is of tar type '2'"#,
     );
 
     // The source goes, and every local trace of its checkpoint: as on another node.
@@ -642,33 +717,131 @@ fn a_cri_checkpoint_pushed_as_an_image_restores_in_another_pod() {
         .pull_image(&pinned, "image-pod-2", None)
         .expect_err("pulled without credentials");
     assert!(e.contains("no basic auth credentials"), "{e}");
-    cri.pull_image(
-        &pinned,
-        "image-pod-2",
-        Some(cri::AuthConfig {
-            username: USER.into(),
-            password: PASSWORD.into(),
-            ..Default::default()
-        }),
-    )
-    .unwrap_or_else(|e| panic!("CRI PullImage {pinned}: {e}"));
-    let restored = cri.restore_from((&pod, "image-pod-2"), &pinned);
-    let log = std::fs::read_to_string(c.log_path()).unwrap_or_default();
-    assert!(
-        log.contains("Found checkpoint of container"),
-        "containerd did not take {pinned} as a checkpoint image"
-    );
+    let restored = restore_pulled(&c, &mut cri, (&pod, "image-pod-2"), &pinned, "/by-cri");
     let r = Sandbox::attach(&c, &restored);
-    assert_eq!(
-        r.exec("cat /by-cri; test -e /after || echo no-after", None)
-            .stdout,
-        "by-cri\nno-after\n",
-        "the container restored from the checkpoint image is not at the checkpoint"
-    );
     assert_counter_goes_on(&r, "the counter restored from the checkpoint image");
 
     cri.remove_pod(&pod);
     assert_no_shims(&c);
+}
+
+/// A checkpoint Belayer took itself (`belayer checkpoint` of a pod's container, on the Belayer
+/// handler) leaves the node as a Kubernetes checkpoint image: `belayer push --kube` packs the
+/// shim's export of it with the dumps CRI writes beside a checkpoint, made from containerd's own
+/// records of the container, and pushes it to a registry with authentication. The image is of
+/// the checkpoint named (not of the container at the push), whose instant its config carries. The
+/// pod goes, and its checkpoints; on node B (a second containerd with its own root, content
+/// store and Belayer store) a new pod pulls the image by digest with the kubelet's credentials,
+/// and a container created from it through CRI continues from that checkpoint, processes and
+/// filesystem, its chain imported into node B's store. Fails on the old code: no `--kube`.
+#[test]
+fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_on_another_node() {
+    let started = std::time::Instant::now();
+    let c = Containerd::start_cri();
+    let (mut cri, pod, busybox, id) = counter_pod(&c, "kube-pod");
+    let s = Sandbox::attach(&c, &id);
+    assert_eq!(s.exec("echo by-belayer > /by-belayer", None).code, 0);
+    let before = s.counter().len();
+    let cp = checkpoint(&c, &id);
+    let at_checkpoint = s.counter().len();
+    assert_eq!(
+        s.exec("rm /by-belayer && echo after > /after", None).code,
+        0
+    );
+    // The source runs on well past the checkpoint before the push.
+    assert!(wait_until(Duration::from_secs(10), || s.counter().len()
+        > at_checkpoint + 200));
+
+    let registry = AuthRegistry::start();
+    let docker = c.dir.join("docker-config");
+    registry.write_docker_config(&docker, USER, PASSWORD);
+    let reference = format!("{}/k8s/agent:belayer-{cp}", registry.addr);
+    let out = c
+        .belayer_docker(&docker, &["push", "--kube", &id, &cp, &reference, "--json"])
+        .ok();
+    let info: serde_json::Value = serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("push --json printed {:?}: {e}", out.stdout));
+    assert_eq!(info["checkpoint"], cp.as_str(), "{info}");
+    let pinned = info["reference"].as_str().unwrap_or_default().to_string();
+    assert!(
+        pinned.starts_with(&format!("{reference}@sha256:")),
+        "{info}"
+    );
+
+    // An image as `checkpointctl build` makes of CRI's archive: checkpointctl's annotations
+    // from containerd's records, one layer holding the export as checkpoint/ and the dumps,
+    // created at the checkpoint's instant.
+    let manifest = checked_checkpoint_image(&registry, &pinned, "kube-pod", &busybox);
+    let blob = |digest: &serde_json::Value| {
+        let digest =
+            belayer_registry::Digest::parse(digest.as_str().unwrap_or_default()).expect("a digest");
+        std::fs::read(registry.blob_file(&digest)).unwrap()
+    };
+    let inspected: serde_json::Value =
+        serde_json::from_str(&c.belayer(&["inspect", &id, &cp]).ok().stdout).unwrap();
+    let instant = inspected["created_unix_ms"]
+        .as_u64()
+        .expect("created_unix_ms");
+    let config: serde_json::Value =
+        serde_json::from_slice(&blob(&manifest["config"]["digest"])).unwrap();
+    assert_eq!(
+        config["created"],
+        belayer_registry::kube::rfc3339(i128::from(instant) * 1_000_000)
+    );
+    let layer = c.dir.join("kube-layer.tar");
+    std::fs::write(&layer, blob(&manifest["layers"][0]["digest"])).unwrap();
+    assert_holds(&layer, &["status.dump"], "the image's layer");
+    let _ = std::fs::remove_file(&layer);
+
+    // A container CRI does not serve (made with ctr, on Belayer's runtime) is no Kubernetes one:
+    // refused by name before anything is exported or uploaded.
+    run_detached(&c, BELAYER, "plain", &["sleep", "1000"]);
+    checkpoint(&c, "plain");
+    let plain = format!("{}/k8s/plain:x", registry.addr);
+    assert_push_refused(
+        &c,
+        &registry,
+        &docker,
+        &["--kube", "plain", &plain],
+        "container plain is not a Kubernetes (CRI) container",
+    );
+    remove(&c, "plain");
+
+    // The source goes, and its checkpoints with it.
+    cri.remove_pod(&pod);
+    let _ = std::fs::remove_dir_all(c.checkpoints_dir(&id));
+    assert_no_shims(&c);
+
+    // Node B: a containerd of its own (root, content, Belayer store), CRI on the Belayer handler.
+    let b = Containerd::start_cri();
+    let mut cri_b = Cri::connect(&b);
+    cri_b.wait_ready();
+    assert!(
+        !cri_b.has_image(&pinned),
+        "{pinned} is on node B before the pull"
+    );
+    let pod = cri_b.run_pod("kube-pod-2", "belayer");
+    let restored = restore_pulled(&b, &mut cri_b, (&pod, "kube-pod-2"), &pinned, "/by-belayer");
+    let r = Sandbox::attach(&b, &restored);
+    let counter = r.counter();
+    assert!(
+        counter.len() >= before,
+        "the restored counter ({}) is behind the checkpoint ({before})",
+        counter.len()
+    );
+    assert_counter_goes_on(&r, "the counter restored from Belayer's checkpoint image");
+    assert!(
+        std::fs::read_dir(b.checkpoints_dir(&restored)).is_ok_and(|mut d| d.next().is_some()),
+        "node B's store holds no checkpoint of the restored container"
+    );
+
+    cri_b.remove_pod(&pod);
+    assert_no_shims(&b);
+    eprintln!(
+        "push --kube: {} bytes up, restored on node B; test took {:.1} s",
+        info["uploaded_bytes"],
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Runs `tar` with `args`, panicking with its stderr on failure.

@@ -411,12 +411,26 @@ fn canonical_images<'a>(criu: &[&'a Entry], criu_prefix: &str) -> Option<Vec<&'a
 /// Writes the newest checkpoint's images, the regular files of `export` but the chain archive,
 /// as canonical members under `criu_prefix`.
 fn flat_images(export: &Path, criu_prefix: &str, out: &mut impl Write) -> Result<(), Error> {
+    let w = |e| io(format!("write the images of {criu_prefix}"))(e);
+    tar::write_dir(out, criu_prefix).map_err(w)?;
+    for (name, path, size) in export_files(export)? {
+        if name == CHAIN_ARCHIVE {
+            continue;
+        }
+        let mut f = File::open(&path).map_err(io(format!("open {}", path.display())))?;
+        tar::write_file(out, &format!("{criu_prefix}/{name}"), size, &mut f)
+            .map_err(changed_while_pushed(&path))?;
+    }
+    Ok(())
+}
+
+/// The files of the export in `export` (the newest images and [`CHAIN_ARCHIVE`]) as (name,
+/// path, size), sorted by name. Anything but a regular file named by a plain component is an
+/// error, for an export holds nothing else.
+pub(crate) fn export_files(export: &Path) -> Result<Vec<(String, PathBuf, u64)>, Error> {
     let mut files = Vec::new();
     for e in std::fs::read_dir(export).map_err(io(format!("read {}", export.display())))? {
         let e = e.map_err(io(format!("read {}", export.display())))?;
-        if e.file_name() == CHAIN_ARCHIVE {
-            continue;
-        }
         let meta = e
             .path()
             .symlink_metadata()
@@ -433,18 +447,15 @@ fn flat_images(export: &Path, criu_prefix: &str, out: &mut impl Write) -> Result
         }
     }
     files.sort();
-    let w = |e| io(format!("write the images of {criu_prefix}"))(e);
-    tar::write_dir(out, criu_prefix).map_err(w)?;
-    for (name, path, size) in files {
-        let mut f = File::open(&path).map_err(io(format!("open {}", path.display())))?;
-        tar::write_file(out, &format!("{criu_prefix}/{name}"), size, &mut f).map_err(|e| {
-            Error::Io {
-                what: format!("read {} (changed while pushed?)", path.display()),
-                source: e,
-            }
-        })?;
+    Ok(files)
+}
+
+/// The error of a copy from the export's file `path` that did not read what it was sized at.
+pub(crate) fn changed_while_pushed(path: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        what: format!("read {} (changed while pushed?)", path.display()),
+        source,
     }
-    Ok(())
 }
 
 /// What a push did.

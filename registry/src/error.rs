@@ -185,6 +185,16 @@ pub enum Error {
         #[source]
         source: CriArchiveError,
     },
+    /// A checkpoint export and its dumps (`belayer push --kube`) that cannot be made into a
+    /// checkpoint image.
+    #[error("checkpoint export {path} as a Kubernetes checkpoint image: {source}")]
+    KubeExport {
+        /// The export.
+        path: PathBuf,
+        /// What is wrong with it or its dumps.
+        #[source]
+        source: CriArchiveError,
+    },
     /// A local file operation.
     #[error("{what}")]
     Io {

@@ -7,6 +7,11 @@
 //! [`ANNOTATION_CONTAINER_NAME`]; the image is unpacked and its files copied into the new
 //! container's restore dir), as it restores one from the archive's path.
 //!
+//! A checkpoint Belayer made goes up in the same form ([`export_image`]): the shim's export of it
+//! (what containerd's `Task.Checkpoint` writes, and CRI puts in its archive's `checkpoint/`) with
+//! the dumps CRI would have written beside it, made from containerd's own records of the
+//! container ([`ContainerRecords`]).
+//!
 //! The archive is untrusted input. Its members are walked with [`crate::tar::Walker`] and
 //! written again as canonical members (root, time 0, mode 0600 or 0700): only regular files and
 //! dirs, each named once, below the archive's root, bounded in number and bytes. What the layer
@@ -21,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sha2::{Digest as _, Sha256};
 
-use crate::checkpoint::{PushReport, push_manifest_with_blobs};
+use crate::checkpoint::{PushReport, changed_while_pushed, export_files, push_manifest_with_blobs};
 use crate::client::Client;
 use crate::digest::Digest;
 use crate::error::{CriArchiveError, Error, io};
@@ -101,6 +106,20 @@ impl CheckpointImage {
         Descriptor::of_bytes(CONFIG_TYPE, &self.config_bytes)
     }
 
+    /// Pushes the image as `reference` (a tag, or a digest that must be the manifest's): its
+    /// layer and config where the repository lacks them, then the manifest.
+    pub async fn push(&self, client: &Client, reference: &Reference) -> Result<PushReport, Error> {
+        push_manifest_with_blobs(
+            client,
+            reference,
+            &[(&self.layer_digest, self.layer_size, self.layer.as_path())],
+            &self.config_descriptor(),
+            &self.config_bytes,
+            &self.manifest(),
+        )
+        .await
+    }
+
     /// The image manifest: the config, the one layer, the annotations.
     pub fn manifest(&self) -> Manifest {
         Manifest {
@@ -142,6 +161,122 @@ struct SpecDump {
     annotations: HashMap<String, String>,
 }
 
+/// The image's one layer while it is written into the work dir: canonical members (root, time
+/// 0, files 0600, dirs 0700), hashed, and counted against the limits as they are written.
+struct Layer<'a> {
+    path: PathBuf,
+    out: HashingWriter<BufWriter<File>>,
+    limits: &'a CriArchiveLimits,
+    /// What a bad input becomes (naming the archive or the export).
+    bad: &'a dyn Fn(CriArchiveError) -> Error,
+    members: usize,
+    bytes: u64,
+}
+
+impl<'a> Layer<'a> {
+    /// Creates `layer.tar` in `work` (it must not exist): it will hold a container's memory.
+    fn create(
+        work: &Path,
+        limits: &'a CriArchiveLimits,
+        bad: &'a dyn Fn(CriArchiveError) -> Error,
+    ) -> Result<Self, Error> {
+        let path = work.join("layer.tar");
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io(format!("create {}", path.display())))?;
+        Ok(Self {
+            path,
+            out: HashingWriter {
+                inner: BufWriter::with_capacity(1 << 20, file),
+                hasher: Sha256::new(),
+                written: 0,
+            },
+            limits,
+            bad,
+            members: 0,
+            bytes: 0,
+        })
+    }
+
+    /// Counts a member of `size` bytes (written or not) against the limits.
+    fn count(&mut self, size: u64) -> Result<(), Error> {
+        self.members += 1;
+        if self.members > self.limits.max_members {
+            return Err((self.bad)(CriArchiveError::TooManyMembers {
+                limit: self.limits.max_members,
+            }));
+        }
+        self.bytes = self.bytes.saturating_add(size);
+        if self.bytes > self.limits.max_bytes {
+            return Err((self.bad)(CriArchiveError::OverLimit {
+                limit: self.limits.max_bytes,
+            }));
+        }
+        Ok(())
+    }
+
+    fn dir(&mut self, name: &str) -> Result<(), Error> {
+        self.count(0)?;
+        tar::write_dir(&mut self.out, name).map_err(write_error_of(&self.path))
+    }
+
+    /// A file member `name` of `size` bytes read from `data`; `read_error` names a failure.
+    fn file(
+        &mut self,
+        name: &str,
+        size: u64,
+        data: &mut impl Read,
+        read_error: impl FnOnce(std::io::Error) -> Error,
+    ) -> Result<(), Error> {
+        self.count(size)?;
+        tar::write_file(&mut self.out, name, size, data).map_err(read_error)
+    }
+
+    /// Ends the layer and makes the image around it, its annotations from the dumps;
+    /// `created_by` goes in the config's history.
+    fn finish(
+        mut self,
+        config: &ConfigDump,
+        spec: &SpecDump,
+        created_by: &str,
+    ) -> Result<CheckpointImage, Error> {
+        let annotations = annotations(config, spec).map_err(self.bad)?;
+        tar::write_end(&mut self.out).map_err(write_error_of(&self.path))?;
+        self.out.inner.flush().map_err(write_error_of(&self.path))?;
+        let layer_digest = Digest::from_hasher(self.out.hasher);
+        let image_config = serde_json::json!({
+            "created": config.checkpointed_at,
+            "architecture": oci_architecture(),
+            "os": "linux",
+            "config": {},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest.as_str()]},
+            "history": [{
+                "created": config.checkpointed_at,
+                "created_by": created_by,
+                "comment": "a CRI checkpoint archive's contents",
+            }],
+        });
+        Ok(CheckpointImage {
+            layer: self.path,
+            layer_digest,
+            layer_size: self.out.written,
+            config_bytes: serde_json::to_vec(&image_config).expect("a config serializes"),
+            annotations,
+        })
+    }
+}
+
+/// Parses dump `file` (`config.dump` or `spec.dump`) of `bytes`.
+fn parse_dump<T: serde::de::DeserializeOwned>(
+    file: &'static str,
+    bytes: &[u8],
+) -> Result<T, CriArchiveError> {
+    serde_json::from_slice(bytes).map_err(|source| CriArchiveError::DumpJson { file, source })
+}
+
 /// Reads the CRI checkpoint archive `archive` and writes its image's layer into the dir `work`
 /// (as `layer.tar`, which must not exist). Fails, naming the member or file at fault, on an archive that is
 /// not an uncompressed tar of regular files and dirs below its root, each named once, with
@@ -163,36 +298,16 @@ pub fn checkpoint_image(
     if let Some(format) = compression(&magic[..n]) {
         return Err(bad(CriArchiveError::Compressed { format }));
     }
-    let layer = work.join("layer.tar");
-    // The CRIU images hold the container's memory.
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&layer)
-        .map_err(io(format!("create {}", layer.display())))?;
-    let mut out = HashingWriter {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        hasher: Sha256::new(),
-        written: 0,
-    };
+    let mut layer = Layer::create(work, limits, &bad)?;
     let mut seen: HashMap<String, bool> = HashMap::new();
     let (mut config, mut spec) = (None, None);
-    let mut total = 0u64;
     // One handle walks the headers, the other reads the members' data.
     let mut headers = File::open(archive).map_err(io(format!("open {}", archive.display())))?;
     let mut walker = Walker::new(&mut headers, 0);
-    let mut members = 0usize;
     while let Some(entry) = walker
         .next_entry()
         .map_err(|e| bad(CriArchiveError::Tar(e)))?
     {
-        members += 1;
-        if members > limits.max_members {
-            return Err(bad(CriArchiveError::TooManyMembers {
-                limit: limits.max_members,
-            }));
-        }
         let member = || entry.name.clone();
         if entry.path.is_empty() || entry.path == "." {
             // The archive's root.
@@ -202,6 +317,7 @@ pub fn checkpoint_image(
                     kind: char::from(entry.kind),
                 }));
             }
+            layer.count(0)?;
             continue;
         }
         // Relative, each component a real name (a leading `/` makes an empty first one).
@@ -230,46 +346,31 @@ pub fn checkpoint_image(
         if seen.insert(entry.path.clone(), entry.is_dir()).is_some() {
             return Err(bad(CriArchiveError::Twice { member: member() }));
         }
-        total = total.saturating_add(entry.size);
-        if total > limits.max_bytes {
-            return Err(bad(CriArchiveError::OverLimit {
-                limit: limits.max_bytes,
-            }));
-        }
         if entry.is_dir() {
-            tar::write_dir(&mut out, &entry.path).map_err(write_error_of(&layer))?;
+            layer.dir(&entry.path)?;
             continue;
         }
         if entry.path == CONFIG_DUMP || entry.path == SPEC_DUMP {
-            if entry.size > limits.max_dump_bytes {
-                return Err(bad(CriArchiveError::DumpOverLimit {
-                    file: dump_name(&entry.path),
-                    limit: limits.max_dump_bytes,
-                }));
-            }
+            let file = dump_name(&entry.path);
+            check_dump_size(file, entry.size, limits).map_err(bad)?;
             let mut bytes = Vec::new();
             tar::copy_range(&mut src, entry.data_at, entry.size, &mut bytes)
                 .map_err(io(format!("read {} in {}", entry.path, archive.display())))?;
-            let json_error = |source| {
-                bad(CriArchiveError::DumpJson {
-                    file: dump_name(&entry.path),
-                    source,
-                })
-            };
             if entry.path == CONFIG_DUMP {
-                config = Some(serde_json::from_slice::<ConfigDump>(&bytes).map_err(json_error)?);
+                config = Some(parse_dump::<ConfigDump>(file, &bytes).map_err(bad)?);
             } else {
-                spec = Some(serde_json::from_slice::<SpecDump>(&bytes).map_err(json_error)?);
+                spec = Some(parse_dump::<SpecDump>(file, &bytes).map_err(bad)?);
             }
         }
         src.seek(SeekFrom::Start(entry.data_at))
             .map_err(io(format!("read {}", archive.display())))?;
-        tar::write_file(&mut out, &entry.path, entry.size, &mut src).map_err(io(format!(
+        let read_error = io(format!(
             "copy {} of {} into {}",
             entry.path,
             archive.display(),
-            layer.display()
-        )))?;
+            layer.path.display()
+        ));
+        layer.file(&entry.path, entry.size, &mut src, read_error)?;
     }
     for required in [CONFIG_DUMP, SPEC_DUMP, STATUS_DUMP] {
         if seen.get(required) != Some(&false) {
@@ -285,29 +386,62 @@ pub fn checkpoint_image(
         }));
     }
     let (config, spec) = (config.unwrap_or_default(), spec.unwrap_or_default());
-    let annotations = annotations(&config, &spec).map_err(bad)?;
-    tar::write_end(&mut out).map_err(write_error_of(&layer))?;
-    out.inner.flush().map_err(write_error_of(&layer))?;
-    let layer_digest = Digest::from_hasher(out.hasher);
-    let image_config = serde_json::json!({
-        "created": config.checkpointed_at,
-        "architecture": oci_architecture(),
-        "os": "linux",
-        "config": {},
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest.as_str()]},
-        "history": [{
-            "created": config.checkpointed_at,
-            "created_by": "belayer push --cri-archive",
-            "comment": "a CRI checkpoint archive's contents",
-        }],
-    });
-    Ok(CheckpointImage {
-        layer,
-        layer_digest,
-        layer_size: out.written,
-        config_bytes: serde_json::to_vec(&image_config).expect("a config serializes"),
-        annotations,
-    })
+    layer.finish(&config, &spec, "belayer push --cri-archive")
+}
+
+/// Writes the image of the shim's export in `export` (the newest CRIU images and the chain
+/// archive, as containerd's `Task.Checkpoint` writes them) with `dumps` beside it, as CRI's
+/// archive holds them: `checkpoint/` with the export's files, then `config.dump`, `spec.dump` and
+/// `status.dump`. The layer goes into `work` as `layer.tar` (which must not exist). The dumps
+/// get the checks an archive's get (bounded, JSON, the container's name and base image named).
+pub fn export_image(
+    export: &Path,
+    dumps: &CriDumps,
+    work: &Path,
+    limits: &CriArchiveLimits,
+) -> Result<CheckpointImage, Error> {
+    let bad = |source| Error::KubeExport {
+        path: export.to_path_buf(),
+        source,
+    };
+    let (config, spec) = dumps.parse(limits).map_err(bad)?;
+    let files = export_files(export)?;
+    let mut layer = Layer::create(work, limits, &bad)?;
+    layer.dir(CHECKPOINT_DIR)?;
+    for (name, path, size) in files {
+        let mut f = File::open(&path).map_err(io(format!("open {}", path.display())))?;
+        layer.file(
+            &format!("{CHECKPOINT_DIR}/{name}"),
+            size,
+            &mut f,
+            changed_while_pushed(&path),
+        )?;
+    }
+    let layer_path = layer.path.clone();
+    for (name, bytes) in [
+        (CONFIG_DUMP, &dumps.config),
+        (SPEC_DUMP, &dumps.spec),
+        (STATUS_DUMP, &dumps.status),
+    ] {
+        let write_error = write_error_of(&layer_path);
+        layer.file(name, bytes.len() as u64, &mut bytes.as_bytes(), write_error)?;
+    }
+    layer.finish(&config, &spec, "belayer push --kube")
+}
+
+/// Refuses dump `file` of `size` bytes over the bound.
+fn check_dump_size(
+    file: &'static str,
+    size: u64,
+    limits: &CriArchiveLimits,
+) -> Result<(), CriArchiveError> {
+    if size > limits.max_dump_bytes {
+        return Err(CriArchiveError::DumpOverLimit {
+            file,
+            limit: limits.max_dump_bytes,
+        });
+    }
+    Ok(())
 }
 
 fn write_error_of(layer: &Path) -> impl Fn(std::io::Error) -> Error + '_ {
@@ -462,22 +596,16 @@ pub async fn push_cri_archive(
         .create(work)
         .map_err(io(format!("create {}", work.display())))?;
     let pushed = match checkpoint_image(archive, work, limits) {
-        Ok(image) => {
-            push_manifest_with_blobs(
-                client,
-                reference,
-                &[(&image.layer_digest, image.layer_size, image.layer.as_path())],
-                &image.config_descriptor(),
-                &image.config_bytes,
-                &image.manifest(),
-            )
-            .await
-        }
+        Ok(image) => image.push(client, reference).await,
         Err(e) => Err(e),
     };
     let _ = std::fs::remove_dir_all(work);
     pushed
 }
+
+mod records;
+
+pub use records::{ContainerRecords, CriDumps, rfc3339};
 
 #[cfg(test)]
 mod tests;

@@ -352,6 +352,8 @@ fn registry_kind(e: &belayer_registry::Error) -> Kind {
         R::Reference { .. } | R::ReferenceDigest { .. } | R::Refused { .. } => {
             Kind::InvalidArgument
         }
+        // Dumps that make no checkpoint image (`belayer push --kube`).
+        R::KubeExport { .. } => Kind::InvalidArgument,
         // The registry is there but will not have it: not now, or not with these credentials.
         R::Unauthorized { .. } | R::Credentials { .. } | R::Token { .. } => {
             Kind::FailedPrecondition

@@ -51,6 +51,18 @@ impl Context {
         Ok(seqs)
     }
 
+    /// Checkpoint `seq`, or the container's newest when `None`; "no checkpoints" when it has none.
+    pub fn checkpoint_or_newest(&self, container: &str, seq: Option<u64>) -> Result<u64> {
+        match seq {
+            Some(seq) => Ok(seq),
+            None => self
+                .list(container)?
+                .last()
+                .copied()
+                .ok_or_else(|| Error::NoCheckpoints(container.to_string())),
+        }
+    }
+
     /// A store error; a missing checkpoint of a container containerd does not know either is
     /// "container not found". Any other refusal is the store's own (a removed container's
     /// checkpoints stay, and a fork stacking on one keeps it: "in use by …", not "not found" —
@@ -120,6 +132,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Status { container } => status::run(&cx, &container),
         Command::Push {
             args,
+            kube,
             cri_archive,
             plain_http,
             json,
@@ -128,7 +141,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 push::run_cri_archive(&archive, reference, plain_http, json)
             }
             (None, [container, reference]) => {
-                push::run(&cx, container, None, reference, plain_http, json)
+                push::run(&cx, container, None, reference, plain_http, kube, json)
             }
             (None, [container, checkpoint, reference]) => push::run(
                 &cx,
@@ -136,6 +149,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 Some(checkpoint),
                 reference,
                 plain_http,
+                kube,
                 json,
             ),
             (Some(_), _) => usage("push --cri-archive ARCHIVE takes REF alone"),

@@ -5,6 +5,14 @@
 //! and handed to the shim with the request (a root-only socket). Prints the reference pinned to
 //! the manifest's digest, then what went up and what the registry had already.
 //!
+//! `belayer push --kube CONTAINER [CHECKPOINT] REF`: the same checkpoint, pushed as the OCI
+//! checkpoint image a pod on another node restores from through CRI (what `checkpointctl build`
+//! makes of Kubernetes' own checkpoint archive) instead of as Belayer's artifact. The container
+//! must be a Kubernetes one (CRI serves it): the dumps CRI writes beside a checkpoint
+//! (`config.dump`, `spec.dump`, `status.dump`) are made here from containerd's container record
+//! and CRI's status of it, checked, and handed to the shim, which builds the image around its
+//! export.
+//!
 //! `belayer push --cri-archive ARCHIVE REF [--plain-http] [--json]`: a checkpoint archive that
 //! Kubernetes wrote (the kubelet's checkpoint API, CRI `CheckpointContainer`) is pushed from
 //! this process, with no shim, as the OCI checkpoint image a pod on another node restores from
@@ -14,7 +22,7 @@
 
 use std::path::Path;
 
-use belayer_api::{PushInfo, PushRequest, RegistryCredentials, parse_checkpoint_id};
+use belayer_api::{KubeDumps, PushInfo, PushRequest, RegistryCredentials, parse_checkpoint_id};
 use belayer_registry::Reference;
 use belayer_registry::kube::{CriArchiveLimits, push_cri_archive};
 
@@ -27,6 +35,7 @@ pub fn run(
     checkpoint: Option<&str>,
     reference: &str,
     plain_http: bool,
+    kube: bool,
     json: bool,
 ) -> Result<()> {
     let seq = checkpoint.map(parse_checkpoint_id).transpose()?;
@@ -42,6 +51,12 @@ pub fn run(
             password: c.password,
         });
     let ctl = cx.require_control(container)?;
+    let (seq, kube) = if kube {
+        let (seq, dumps) = kube_dumps(cx, container, seq)?;
+        (Some(seq), Some(dumps))
+    } else {
+        (seq, None)
+    };
     let info: PushInfo = ctl.call(
         "POST",
         "push",
@@ -50,6 +65,7 @@ pub fn run(
             reference: reference.to_string(),
             credentials,
             plain_http,
+            kube,
         }),
     )?;
     if json {
@@ -62,6 +78,36 @@ pub fn run(
         );
     }
     Ok(())
+}
+
+/// Checkpoint `seq` of `container` (the newest when `None`) and the dumps its Kubernetes
+/// checkpoint image holds: containerd's records of the container, at the checkpoint's instant.
+/// Records that make no image (no base image by digest, no container name) are refused here,
+/// before the shim exports anything.
+fn kube_dumps(cx: &Context, container: &str, seq: Option<u64>) -> Result<(u64, KubeDumps)> {
+    let seq = cx.checkpoint_or_newest(container, seq)?;
+    let cp = cx
+        .store
+        .load(&cx.namespace, container, seq)
+        .map_err(|e| cx.not_found_or(container, e))?;
+    let dumps = cx
+        .containerd
+        .kube_records(container)?
+        .dumps(cp.manifest.created_unix_ms);
+    dumps
+        .annotations(&CriArchiveLimits::default())
+        .map_err(|source| Error::KubeRecords {
+            id: container.to_string(),
+            source,
+        })?;
+    Ok((
+        seq,
+        KubeDumps {
+            config: dumps.config,
+            spec: dumps.spec,
+            status: dumps.status,
+        },
+    ))
 }
 
 pub fn run_cri_archive(

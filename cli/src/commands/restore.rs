@@ -6,7 +6,7 @@
 use belayer_api::{RestoreInfo, RestoreRequest, parse_checkpoint_id};
 
 use super::Context;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 pub fn run(cx: &Context, container: &str, checkpoint: Option<&str>, json: bool) -> Result<()> {
     let seq = checkpoint.map(parse_checkpoint_id).transpose()?;
@@ -19,13 +19,7 @@ pub fn run(cx: &Context, container: &str, checkpoint: Option<&str>, json: bool) 
         }
         return Ok(());
     }
-    let seq = match seq {
-        Some(s) => s,
-        None => *cx
-            .list(container)?
-            .last()
-            .ok_or_else(|| Error::NoCheckpoints(container.to_string()))?,
-    };
+    let seq = cx.checkpoint_or_newest(container, seq)?;
     cx.containerd.restore_task(container, seq)?;
     if json {
         let out = serde_json::json!({

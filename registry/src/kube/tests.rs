@@ -316,3 +316,186 @@ fn hostile_or_broken_archives_are_refused_naming_the_problem() {
         );
     }
 }
+
+/// CRI's status of the `sandbox` container as the CLI reads it (CRI `ContainerStatus`, the CRI
+/// proto's field names), nulls where the proto has no value.
+fn cri_status() -> serde_json::Value {
+    serde_json::json!({
+        "id": "c0ffee",
+        "metadata": {"name": "sandbox", "attempt": 0},
+        "state": 1,
+        "created_at": 1_796_605_200_000_000_000_i64,
+        "image": {"image": "reg:5000/busybox:latest", "annotations": {}, "user_specified_image": "", "runtime_handler": ""},
+        "image_ref": "reg:5000/busybox@sha256:1111111111111111111111111111111111111111111111111111111111111111",
+        "labels": {"io.kubernetes.pod.name": "agent-pod"},
+        "annotations": {},
+        "resources": null,
+        "user": {"linux": null},
+        "log_path": "",
+    })
+}
+
+fn records() -> ContainerRecords {
+    ContainerRecords {
+        id: "c0ffee".into(),
+        runtime: "io.containerd.belayer.v1".into(),
+        created_unix_ns: 1_796_605_200_000_000_000,
+        spec: SPEC.into(),
+        cri_metadata: Some(
+            r#"{"Version":"v1","Metadata":{"ID":"c0ffee","Name":"sandbox_agent-pod_default_uid_0","SandboxID":"p"}}"#
+                .into(),
+        ),
+        status: cri_status(),
+    }
+}
+
+#[test]
+fn rfc3339_writes_times_as_go_does() {
+    assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+    assert_eq!(rfc3339(1_796_608_800_500_000_000), "2026-12-07T02:00:00.5Z");
+    assert_eq!(
+        rfc3339(1_709_251_199_000_000_001),
+        "2024-02-29T23:59:59.000000001Z"
+    );
+    assert_eq!(rfc3339(-1_000_000_000), "1969-12-31T23:59:59Z");
+    assert_eq!(rfc3339(-62_135_596_800_000_000_000), "0001-01-01T00:00:00Z");
+}
+
+#[test]
+fn containerd_records_make_the_dumps_cri_writes() {
+    let dumps = records().dumps(1_796_608_800_500);
+    let config: serde_json::Value = serde_json::from_str(&dumps.config).unwrap();
+    assert_eq!(
+        config,
+        serde_json::json!({
+            "id": "c0ffee",
+            "name": "sandbox_agent-pod_default_uid_0",
+            "rootfsImage": "reg:5000/busybox:latest",
+            "rootfsImageRef": "reg:5000/busybox@sha256:1111111111111111111111111111111111111111111111111111111111111111",
+            "rootfsImageName": "reg:5000/busybox:latest",
+            "runtime": "io.containerd.belayer.v1",
+            "createdTime": "2026-12-07T01:00:00Z",
+            "checkpointedTime": "2026-12-07T02:00:00.5Z",
+            "restoredTime": "0001-01-01T00:00:00Z",
+            "restored": false,
+        })
+    );
+    assert_eq!(dumps.spec, SPEC, "spec.dump is containerd's spec as it is");
+    let status: serde_json::Value = serde_json::from_str(&dumps.status).unwrap();
+    let mut want = cri_status();
+    want.as_object_mut().unwrap().remove("resources");
+    want["user"] = serde_json::json!({});
+    assert_eq!(status, want, "status.dump is CRI's status without nulls");
+
+    // Without the CRI plugin's metadata (or with one of another version): the status's name.
+    let mut r = records();
+    r.cri_metadata = Some(r#"{"Version":"v2","Metadata":{"Name":"x"}}"#.into());
+    let config: serde_json::Value = serde_json::from_str(&r.dumps(0).config).unwrap();
+    assert_eq!(config["name"], "sandbox");
+    assert_eq!(config["checkpointedTime"], "1970-01-01T00:00:00Z");
+
+    // The annotations the image will carry, checked before any export.
+    let a = records()
+        .dumps(0)
+        .annotations(&CriArchiveLimits::default())
+        .unwrap();
+    assert_eq!(a[ANNOTATION_CONTAINER_NAME], "sandbox");
+    assert_eq!(a[ANNOTATION_RUNTIME_NAME], "io.containerd.belayer.v1");
+    let mut r = records();
+    r.status["image_ref"] = serde_json::Value::Null;
+    let e = r.dumps(0).annotations(&CriArchiveLimits::default());
+    assert!(
+        e.unwrap_err()
+            .to_string()
+            .contains("config.dump names no rootfsImageRef")
+    );
+}
+
+/// An export as the shim writes one, in `dir`.
+fn plant_export(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("inventory.img"), b"inv").unwrap();
+    std::fs::write(dir.join("pages-1.img"), vec![7u8; 5000]).unwrap();
+    std::fs::write(dir.join("belayer-chain.tar"), vec![0u8; 2048]).unwrap();
+}
+
+#[test]
+fn an_export_becomes_the_image_of_the_cri_archive_holding_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let export = tmp.path().join("export");
+    plant_export(&export);
+    let dumps = records().dumps(1_796_608_800_500);
+    let work = tmp.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let image = export_image(&export, &dumps, &work, &CriArchiveLimits::default()).unwrap();
+
+    // The archive CRI would have written: the export as checkpoint/, the dumps beside it.
+    let root = tmp.path().join("cri");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::rename(&export, root.join("checkpoint")).unwrap();
+    for (name, text) in [
+        ("config.dump", &dumps.config),
+        ("spec.dump", &dumps.spec),
+        ("status.dump", &dumps.status),
+    ] {
+        std::fs::write(root.join(name), text).unwrap();
+    }
+    let archive = tmp.path().join("cri.tar");
+    let members = ["checkpoint", "config.dump", "spec.dump", "status.dump"];
+    gnu_tar(&root, &archive, &["--sort=name"], &members);
+    let from_archive = image_of(&archive, &CriArchiveLimits::default()).unwrap();
+    assert_eq!(image.layer_digest, from_archive.layer_digest);
+    assert_eq!(image.annotations, from_archive.annotations);
+    assert_eq!(image.annotations[ANNOTATION_POD], "agent-pod");
+    assert_eq!(
+        image.annotations[ANNOTATION_ROOTFS_IMAGE_ID],
+        "reg:5000/busybox@sha256:1111111111111111111111111111111111111111111111111111111111111111"
+    );
+    let config: serde_json::Value = serde_json::from_slice(&image.config_bytes).unwrap();
+    assert_eq!(config["created"], "2026-12-07T02:00:00.5Z");
+    assert_eq!(
+        config["rootfs"]["diff_ids"],
+        serde_json::json!([image.layer_digest.as_str()])
+    );
+}
+
+#[test]
+fn an_export_or_dumps_that_make_no_image_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let export = tmp.path().join("export");
+    plant_export(&export);
+    let refusal = |dumps: &CriDumps, limits: &CriArchiveLimits| {
+        let work = tmp.path().join("work");
+        let _ = std::fs::remove_dir_all(&work);
+        std::fs::create_dir(&work).unwrap();
+        export_image(&export, dumps, &work, limits)
+            .unwrap_err()
+            .to_string()
+    };
+    let good = records().dumps(0);
+    let limits = CriArchiveLimits::default();
+    let mut d = good.clone();
+    d.status = "not json".into();
+    let e = refusal(&d, &limits);
+    assert!(
+        e.contains("as a Kubernetes checkpoint image: its status.dump does not parse"),
+        "{e}"
+    );
+    let mut d = good.clone();
+    d.spec = "{}".into();
+    let e = refusal(&d, &limits);
+    assert!(e.contains("spec.dump names no annotation"), "{e}");
+    let small = CriArchiveLimits {
+        max_dump_bytes: 64,
+        ..Default::default()
+    };
+    assert!(refusal(&good, &small).contains("config.dump is over 64 bytes"));
+    let few = CriArchiveLimits {
+        max_members: 4,
+        ..Default::default()
+    };
+    assert!(refusal(&good, &few).contains("more than 4 members"));
+    std::fs::create_dir(export.join("sub")).unwrap();
+    let e = refusal(&good, &limits);
+    assert!(e.contains("sub"), "{e}");
+}

@@ -5,15 +5,21 @@
 //! The artifact's config also carries the checkpoint's journal position. The push then reads
 //! only that directory: the container runs on, checkpoints and restores as
 //! usual, and a failed push leaves it and its checkpoints as they were.
+//!
+//! `belayer push --kube` pushes the same export as a Kubernetes checkpoint image instead
+//! (`belayer_registry::kube::export_image`: the export as CRI's archive holds it, with the dumps
+//! the CLI made from containerd's records), which a pod restores from through CRI. It carries
+//! no journal position: nothing on that path reads one.
 
 use std::os::unix::fs::DirBuilderExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use belayer_api::{PUSH_STAGING_PREFIX, PushInfo, PushRequest};
 use belayer_registry::auth::Credentials;
-use belayer_registry::{Client, ClientOptions, PlainHttp, Reference};
+use belayer_registry::kube::{CriArchiveLimits, CriDumps};
+use belayer_registry::{Client, ClientOptions, PlainHttp, PushReport, Reference};
 
 use super::Engine;
 use crate::error::{Error, Result};
@@ -48,12 +54,18 @@ impl Engine {
             }),
             ..Default::default()
         };
-        self.push_checkpoint(id, seq, &reference, options, None)
+        let kube = req.kube.map(|d| CriDumps {
+            config: d.config,
+            spec: d.spec,
+            status: d.status,
+        });
+        self.push_checkpoint(id, seq, &reference, options, None, kube)
             .await
     }
 
     /// Pushes checkpoint `seq` of container `id` as `reference` with a client of `options`, and
-    /// tags the same manifest `also_tag` too.
+    /// tags the same manifest `also_tag` too; with `kube`, as a Kubernetes checkpoint image with
+    /// those dumps.
     pub(super) async fn push_checkpoint(
         self: &Arc<Self>,
         id: &str,
@@ -61,9 +73,11 @@ impl Engine {
         reference: &Reference,
         options: ClientOptions,
         also_tag: Option<&str>,
+        kube: Option<CriDumps>,
     ) -> Result<PushInfo> {
+        let what = format!("push {id} to {reference}");
         let registry_error = |source| Error::Registry {
-            what: format!("push {id} to {reference}"),
+            what: what.clone(),
             source,
         };
         let store = self.store();
@@ -90,37 +104,32 @@ impl Engine {
             .await?;
         let export_ms = started.elapsed().as_millis() as u64;
         let pushing = Instant::now();
-        // The journal position goes in the artifact's config: the pulling node reports it.
-        let journal_position =
-            crate::journal::Journal::open(self.settings.journals(&self.namespace), id)
-                .positions
-                .get(&seq)
-                .copied();
-        let blobs = exported.with_file_name("blobs");
-        let parts = {
-            let (exported, blobs) = (exported.clone(), blobs.clone());
-            tokio::task::spawn_blocking(move || {
-                belayer_registry::checkpoint::archive_parts(&exported, &blobs)
-            })
-            .await
-            .map_err(crate::error::task("split the export into blobs"))?
-        };
-        let mut parts = parts.map_err(registry_error)?;
-        parts.set_journal_position(journal_position);
-        let report = belayer_registry::checkpoint::push_archive_parts(&client, reference, &parts)
-            .await
-            .map_err(registry_error)?;
-        if let Some(tag) = also_tag {
-            client
-                .push_manifest(
-                    &reference.repository,
-                    tag,
-                    belayer_registry::oci::OCI_MANIFEST,
-                    parts.manifest().to_bytes(),
+        let (report, journal_position) = match kube {
+            Some(dumps) => {
+                let work = staging.join("image");
+                let report =
+                    push_kube_image(&client, reference, exported, dumps, work, &what).await?;
+                (report, None)
+            }
+            None => {
+                // The journal position goes in the artifact's config: the pulling node reports it.
+                let journal_position =
+                    crate::journal::Journal::open(self.settings.journals(&self.namespace), id)
+                        .positions
+                        .get(&seq)
+                        .copied();
+                let report = push_artifact(
+                    &client,
+                    reference,
+                    &exported,
+                    journal_position,
+                    also_tag,
+                    &what,
                 )
-                .await
-                .map_err(registry_error)?;
-        }
+                .await?;
+                (report, journal_position)
+            }
+        };
         let info = PushInfo {
             container: id.to_string(),
             checkpoint: seq.to_string(),
@@ -144,4 +153,75 @@ impl Engine {
         );
         Ok(info)
     }
+}
+
+/// Pushes the export in `exported` as Belayer's artifact carrying `journal_position` (split into
+/// blobs beside it, off the runtime's threads), and tags its manifest `also_tag` too; `what`
+/// names the push in an error.
+async fn push_artifact(
+    client: &Client,
+    reference: &Reference,
+    exported: &Path,
+    journal_position: Option<u64>,
+    also_tag: Option<&str>,
+    what: &str,
+) -> Result<PushReport> {
+    let registry_error = |source| Error::Registry {
+        what: what.to_string(),
+        source,
+    };
+    let blobs = exported.with_file_name("blobs");
+    let parts = {
+        let exported = exported.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            belayer_registry::checkpoint::archive_parts(&exported, &blobs)
+        })
+        .await
+        .map_err(crate::error::task("split the export into blobs"))?
+    };
+    let mut parts = parts.map_err(registry_error)?;
+    parts.set_journal_position(journal_position);
+    let report = belayer_registry::checkpoint::push_archive_parts(client, reference, &parts)
+        .await
+        .map_err(registry_error)?;
+    if let Some(tag) = also_tag {
+        client
+            .push_manifest(
+                &reference.repository,
+                tag,
+                belayer_registry::oci::OCI_MANIFEST,
+                parts.manifest().to_bytes(),
+            )
+            .await
+            .map_err(registry_error)?;
+    }
+    Ok(report)
+}
+
+/// Pushes the export in `exported` as a Kubernetes checkpoint image with `dumps`, its layer
+/// written into `work` (created here) off the runtime's threads; `what` names the push in an
+/// error.
+async fn push_kube_image(
+    client: &Client,
+    reference: &Reference,
+    exported: PathBuf,
+    dumps: CriDumps,
+    work: PathBuf,
+    what: &str,
+) -> Result<PushReport> {
+    let registry_error = |source| Error::Registry {
+        what: what.to_string(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&work)
+        .map_err(crate::error::io(format!("create {}", work.display())))?;
+    let image = tokio::task::spawn_blocking(move || {
+        belayer_registry::kube::export_image(&exported, &dumps, &work, &CriArchiveLimits::default())
+    })
+    .await
+    .map_err(crate::error::task("make the checkpoint image"))?
+    .map_err(registry_error)?;
+    image.push(client, reference).await.map_err(registry_error)
 }

@@ -143,7 +143,7 @@ impl Engine {
             ..Default::default()
         };
         let info = self
-            .push_checkpoint(id, seq, &reference, options, Some(id))
+            .push_checkpoint(id, seq, &reference, options, Some(id), None)
             .await?;
         Ok(info.reference)
     }

@@ -1,0 +1,183 @@
+//! The dumps CRI `CheckpointContainer` writes beside a checkpoint (`config.dump`, `spec.dump`,
+//! `status.dump`), made the way containerd 2.1 makes them
+//! (`internal/cri/server/container_checkpoint_linux.go`) from its records of the container, for
+//! a checkpoint Belayer took itself.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::{
+    CONFIG_DUMP, ConfigDump, CriArchiveLimits, SPEC_DUMP, STATUS_DUMP, SpecDump, annotations,
+    check_dump_size, parse_dump,
+};
+use crate::error::CriArchiveError;
+
+/// The dumps of a checkpoint image: the JSON files CRI's archive holds beside `checkpoint/`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CriDumps {
+    /// `config.dump`: checkpointctl's `ContainerConfig`.
+    pub config: String,
+    /// `spec.dump`: the container's OCI spec.
+    pub spec: String,
+    /// `status.dump`: CRI's `ContainerStatus` of the container.
+    pub status: String,
+}
+
+impl CriDumps {
+    /// The dumps parsed, with the checks an archive's get: each within the bound, JSON.
+    pub(super) fn parse(
+        &self,
+        limits: &CriArchiveLimits,
+    ) -> Result<(ConfigDump, SpecDump), CriArchiveError> {
+        for (file, text) in [
+            (CONFIG_DUMP, &self.config),
+            (SPEC_DUMP, &self.spec),
+            (STATUS_DUMP, &self.status),
+        ] {
+            check_dump_size(file, text.len() as u64, limits)?;
+        }
+        parse_dump::<serde_json::Value>(STATUS_DUMP, self.status.as_bytes())?;
+        Ok((
+            parse_dump(CONFIG_DUMP, self.config.as_bytes())?,
+            parse_dump(SPEC_DUMP, self.spec.as_bytes())?,
+        ))
+    }
+
+    /// checkpointctl's annotations that an image of these dumps carries, or why they can make
+    /// none (no container name, no base image): what a push checks before it exports anything.
+    pub fn annotations(
+        &self,
+        limits: &CriArchiveLimits,
+    ) -> Result<BTreeMap<String, String>, CriArchiveError> {
+        let (config, spec) = self.parse(limits)?;
+        annotations(&config, &spec)
+    }
+}
+
+/// What containerd records of a container that CRI's dumps are made from.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerRecords {
+    /// The container's id.
+    pub id: String,
+    /// containerd's container record: the runtime's name (`io.containerd.belayer.v1`).
+    pub runtime: String,
+    /// containerd's container record: when it was created, nanoseconds since the Unix epoch.
+    pub created_unix_ns: i128,
+    /// containerd's container record: the OCI spec (its `spec`'s value, JSON).
+    pub spec: String,
+    /// containerd's container record: the CRI plugin's metadata of it (the extension
+    /// `io.cri-containerd.container.metadata`, JSON), if it has one.
+    pub cri_metadata: Option<String>,
+    /// CRI `ContainerStatus`'s status of it, as JSON with the CRI proto's field names (which
+    /// are also the JSON names of containerd's Go types).
+    pub status: serde_json::Value,
+}
+
+impl ContainerRecords {
+    /// The dumps CRI `CheckpointContainer` writes for a checkpoint of this container taken at
+    /// `checkpointed_unix_ms`:
+    /// - `config.dump`: checkpointctl's `ContainerConfig` as containerd fills it: `id`; `name`,
+    ///   the CRI plugin's name of the container (its metadata's `Name`; else the name in the
+    ///   status's metadata); `rootfsImage` and `rootfsImageName`, the status's image; `rootfsImageRef`,
+    ///   its `image_ref` (the base image by digest, which a restore pulls); `runtime`; the
+    ///   creation and checkpoint times (RFC 3339, as Go writes a `time.Time`);
+    /// - `spec.dump`: the spec as containerd holds it (what containerd's checkpoint blob holds);
+    /// - `status.dump`: the status, without its null fields (Go leaves them out).
+    pub fn dumps(&self, checkpointed_unix_ms: u64) -> CriDumps {
+        let status = &self.status;
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let image = text(&status["image"]["image"]);
+        let config = serde_json::json!({
+            "id": self.id,
+            "name": self.cri_name(),
+            "rootfsImage": image,
+            "rootfsImageRef": text(&status["image_ref"]),
+            "rootfsImageName": image,
+            "runtime": self.runtime,
+            "createdTime": rfc3339(self.created_unix_ns),
+            "checkpointedTime": rfc3339(i128::from(checkpointed_unix_ms) * 1_000_000),
+            "restoredTime": rfc3339(GO_ZERO_TIME_UNIX_NS),
+            "restored": false,
+        });
+        let mut status = status.clone();
+        drop_nulls(&mut status);
+        CriDumps {
+            config: config.to_string(),
+            spec: self.spec.clone(),
+            status: status.to_string(),
+        }
+    }
+
+    /// The CRI plugin's name of the container (`<name>_<pod>_<namespace>_<uid>_<attempt>`),
+    /// from its metadata; the name in the status's metadata without one.
+    fn cri_name(&self) -> String {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Versioned {
+            version: String,
+            metadata: Named,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct Named {
+            name: String,
+        }
+        self.cri_metadata
+            .as_deref()
+            .and_then(|m| serde_json::from_str::<Versioned>(m).ok())
+            .filter(|v| v.version == "v1" && !v.metadata.name.is_empty())
+            .map(|v| v.metadata.name)
+            .unwrap_or_else(|| {
+                self.status["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+    }
+}
+
+/// Go's zero `time.Time` (0001-01-01T00:00:00Z), which a `config.dump` holds as the restore time
+/// of a container never restored.
+const GO_ZERO_TIME_UNIX_NS: i128 = -62_135_596_800 * 1_000_000_000;
+
+/// Removes the null fields of `v`'s objects, at every depth.
+fn drop_nulls(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(fields) => {
+            fields.retain(|_, f| !f.is_null());
+            fields.values_mut().for_each(drop_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(drop_nulls),
+        _ => {}
+    }
+}
+
+/// `unix_ns` (nanoseconds since the Unix epoch) in UTC as RFC 3339 with the fraction Go's
+/// `time.RFC3339Nano` writes: trailing zeros cut, none at all for a whole second.
+pub fn rfc3339(unix_ns: i128) -> String {
+    let secs = unix_ns.div_euclid(1_000_000_000);
+    let nanos = unix_ns.rem_euclid(1_000_000_000);
+    let (days, day_secs) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Days to a civil date (Howard Hinnant's `civil_from_days`).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i128::from(month <= 2);
+    let fraction = if nanos == 0 {
+        String::new()
+    } else {
+        format!(".{nanos:09}").trim_end_matches('0').to_string()
+    };
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}{fraction}Z",
+        day_secs / 3600,
+        day_secs / 60 % 60,
+        day_secs % 60
+    )
+}
