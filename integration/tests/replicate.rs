@@ -185,8 +185,9 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
     let refused = a.belayer_docker(&no_credentials, &["push", "sb", &format!("{repo}:cp-x")]);
     assert_refused(&refused, 4, "no credentials");
     // Credentials from a credential helper, as docker finds them (`credsStore`): a real helper
-    // process on PATH answers for the registry, and the push goes through (nothing new to
-    // upload); when it answers wrong credentials, the registry refuses them.
+    // process on PATH answers for the registry (named on its stdin with no newline, as docker
+    // writes it), and the push goes through (nothing new to upload); when it answers wrong
+    // credentials, the registry refuses them.
     let via_helper = |secret: &str| {
         let (config, bin) = (
             scratch.path().join("docker-helper"),
@@ -203,7 +204,7 @@ fn a_sandbox_continues_on_another_node_from_its_newest_pushed_checkpoint() {
         std::fs::write(
             &helper,
             format!(
-                "#!/bin/sh\n[ \"$1\" = get ] && read -r server && [ \"$server\" = {} ] || exit 9\n\
+                "#!/bin/sh\nserver=$(cat)\n[ \"$1\" = get ] && [ \"$server\" = {} ] || exit 9\n\
                  printf '{{\"Username\":\"{USER}\",\"Secret\":\"{secret}\"}}'\n",
                 registry.addr
             ),
