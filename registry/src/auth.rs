@@ -160,7 +160,7 @@ pub fn helper_credentials(
     registry: &str,
     search: Option<&std::ffi::OsStr>,
 ) -> Result<Option<Credentials>, String> {
-    use std::io::{Read, Write as _};
+    use std::io::Write as _;
     use std::process::{Command, Stdio};
     if helper.is_empty()
         || !helper
@@ -190,29 +190,8 @@ pub fn helper_credentials(
         let _ = stdin.write_all(registry.as_bytes());
     }
     // Both pipes are drained as the helper writes (a full pipe would stall it).
-    let drain = |pipe: Option<Box<dyn Read + Send>>| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            if let Some(p) = pipe {
-                let _ = p.take(HELPER_MAX_OUTPUT + 1).read_to_end(&mut buf);
-            }
-            let _ = tx.send(buf);
-        });
-        rx
-    };
-    let out = drain(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let err = drain(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     let start = std::time::Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -279,6 +258,21 @@ pub fn helper_credentials(
         username: a.username,
         password: a.secret,
     }))
+}
+
+/// Reads `pipe` on a thread of its own, at most one byte over [`HELPER_MAX_OUTPUT`]; what it
+/// read arrives on the receiver once the pipe ends.
+fn drain<R: std::io::Read + Send + 'static>(pipe: Option<R>) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    use std::io::Read as _;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(p) = pipe {
+            let _ = p.take(HELPER_MAX_OUTPUT + 1).read_to_end(&mut buf);
+        }
+        let _ = tx.send(buf);
+    });
+    rx
 }
 
 fn is_executable(p: &Path) -> bool {

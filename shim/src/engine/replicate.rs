@@ -119,18 +119,21 @@ impl Engine {
             source,
         })?;
         // The node's docker config when named, else the client's default (DOCKER_CONFIG, ~).
+        // Off the runtime's threads: the config may name a credential helper, a process.
         let credentials = if settings.docker_config.as_os_str().is_empty() {
             None
         } else {
-            credentials_in(&settings.docker_config, &reference.registry).map_err(|source| {
-                Error::Registry {
+            let (config, registry) = (settings.docker_config.clone(), reference.registry.clone());
+            tokio::task::spawn_blocking(move || credentials_in(&config, &registry))
+                .await
+                .map_err(crate::error::task("read the registry credentials"))?
+                .map_err(|source| Error::Registry {
                     what: format!(
                         "replicate {id}: credentials in {}",
                         settings.docker_config.display()
                     ),
                     source,
-                }
-            })?
+                })?
         };
         let options = ClientOptions {
             plain_http: if settings.plain_http {
