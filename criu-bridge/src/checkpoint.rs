@@ -399,6 +399,16 @@ pub fn checkpoint_container_with(
     let locks_before = crate::netlock::criu_tables(state.pid)
         .inspect_err(|e| tracing::debug!(container = id, error = %e, "no nftables look"))
         .ok();
+    // Before the freeze, not inside it: the dump's page-cache writes get the memory the older
+    // checkpoints' cached images held (see store::cache).
+    let released_at = Instant::now();
+    match req.store.release_older_images(&lock) {
+        Ok(bytes) => tracing::debug!(container = id, bytes, "older checkpoints' images released"),
+        Err(e) => {
+            tracing::warn!(container = id, error = %e, "older checkpoints' images not released")
+        }
+    }
+    let release_us = micros(released_at);
     let mut attempt = 1;
     let waiting_since = Instant::now();
     let mut backoff = VFORK_RETRY_FIRST;
@@ -451,6 +461,7 @@ pub fn checkpoint_container_with(
             Err(e) => return Err(e),
         }
     };
+    t.release_us = release_us;
     if req.leave_running {
         thawed();
     }

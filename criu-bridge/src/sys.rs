@@ -451,6 +451,16 @@ pub fn pidfd_wait_exit(pidfd: &std::os::fd::OwnedFd, timeout: std::time::Duratio
     r > 0
 }
 
+/// Drops the clean cached pages of `file` from the page cache (`POSIX_FADV_DONTNEED` over the
+/// whole file); its contents are unchanged.
+pub fn drop_cached(file: &File) -> io::Result<()> {
+    // SAFETY: `file` is an open descriptor for the call's duration; no memory is passed.
+    match unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) } {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,6 +67,10 @@ pub struct Sizes {
 /// Where the time of a checkpoint went (microseconds).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Timings {
+    /// Before the freeze: the page cache of older checkpoints' CRIU images released
+    /// (`Store::release_older_images`), for the dump's writes to reuse. Absent in older manifests.
+    #[serde(default)]
+    pub release_us: u64,
     /// `runc pause` (0 when the container was already paused or stopped).
     pub freeze_us: u64,
     /// `runc checkpoint` (CRIU dump).

@@ -3,6 +3,7 @@
 //! per-container lock, listing, loading, deletion that keeps chains whole, and compaction.
 
 mod adopt;
+mod cache;
 mod claim;
 mod compact;
 mod confine;

@@ -232,7 +232,11 @@ fn restores(x: &Daemons, steps: &[u64]) -> Result<(Vec<Restored>, Report), Strin
 }
 
 /// The phases of a checkpoint, in order: manifest key, label.
-const PHASES: [(&str, &str); 7] = [
+const PHASES: [(&str, &str); 8] = [
+    (
+        "release_us",
+        "older checkpoints' cached images released (container running)",
+    ),
     ("freeze_us", "freeze (`runc pause`)"),
     ("dump_us", "CRIU dump (`runc checkpoint`)"),
     ("fs_capture_us", "fs layer capture"),
