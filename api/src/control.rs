@@ -284,7 +284,8 @@ pub struct ReplicationStatus {
     pub last_error: Option<String>,
     /// For a pod's container (CRI made it): the newest checkpoint also pushed as a Kubernetes
     /// checkpoint image (`REPO:<container>-<checkpoint>-kube`, also tagged
-    /// `REPO:<container>-kube`), and that image's reference pinned by digest.
+    /// `REPO:<container>-kube` and `REPO:<namespace>_<pod>_<container>-kube`), and that image's
+    /// reference pinned by digest.
     #[serde(default)]
     pub kube_checkpoint: Option<String>,
     #[serde(default)]

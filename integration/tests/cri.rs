@@ -865,12 +865,13 @@ fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_on_another_node() 
 /// to a registry with authentication. The pod's container (its image named by digest, as the
 /// kubelet hands the pod's image to CRI) takes automatic checkpoints after its actions, and each
 /// goes up in the background as Belayer's artifact and, from the same export, as the checkpoint
-/// image `REPO:<container>-<checkpoint>-kube` (`REPO:<container>-kube` moved to it), its dumps
-/// made by the shim from the container's own spec; `belayer status` reports it. Node A is then
-/// killed whole (containerd, its shims, the pod's processes) and its store moved out of reach;
-/// only the registries are left (the base image's, here served from node A's content store
-/// files, stands for the cluster's). On node B a pod pulls `REPO:<container>-kube` with the
-/// kubelet's credentials, and a container created from it through CRI continues from the newest
+/// image `REPO:<container>-<checkpoint>-kube` (`REPO:<container>-kube` and
+/// `REPO:<namespace>_<pod>_<container>-kube` moved to it), its dumps made by the shim from the
+/// container's own spec; `belayer status` reports it. Node A is then killed whole (containerd,
+/// its shims, the pod's processes) and its store moved out of reach; only the registries are
+/// left (the base image's, here served from node A's content store files, stands for the
+/// cluster's). On node B a pod pulls `REPO:default_auto-pod_sandbox-kube` (no id of node A's
+/// needed) with the kubelet's credentials, and a container created from it through CRI continues from the newest
 /// replicated checkpoint: the files of every turn, the counter from where it was. Fails on the
 /// old code: replication pushed no image.
 #[test]
@@ -972,7 +973,8 @@ fn automatic_replication_restores_a_pods_container_on_another_node_after_a_node_
     let mut cri_b = Cri::connect(&b);
     cri_b.wait_ready();
     let pod_b = cri_b.run_pod("auto-pod-2", "belayer");
-    let newest_image = format!("{repo}:{id}-kube");
+    // By the names the user knows (namespace, pod, container), not node A's container id.
+    let newest_image = format!("{repo}:default_auto-pod_sandbox-kube");
     let restored = restore_pulled(
         &b,
         &mut cri_b,
@@ -987,6 +989,20 @@ fn automatic_replication_restores_a_pods_container_on_another_node_after_a_node_
         "turn 1's file did not come"
     );
     assert_counter_resumes(&r, before, "the counter restored from the replicated image");
+    // The same image under node A's container id.
+    let auth = || {
+        Some(cri::AuthConfig {
+            username: USER.into(),
+            password: PASSWORD.into(),
+            ..Default::default()
+        })
+    };
+    let by_id = format!("{repo}:{id}-kube");
+    assert_eq!(
+        cri_b.pull_image(&by_id, "auto-pod-2", auth()),
+        cri_b.pull_image(&newest_image, "auto-pod-2", auth()),
+        "{by_id} and {newest_image} are not one image"
+    );
     assert!(
         busybox
             .requests()

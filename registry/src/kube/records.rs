@@ -18,6 +18,8 @@ use crate::error::{CriArchiveError, CriSpecError};
 const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
 const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
 const CRI_IMAGE_NAME: &str = "io.kubernetes.cri.image-name";
+const CRI_SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 /// The kind [`CRI_CONTAINER_TYPE`] names of a pod's container (a sandbox's is `sandbox`).
 const CRI_KIND_CONTAINER: &str = "container";
 /// CRI's `ContainerState` of a running container, as the proto numbers it.
@@ -191,6 +193,27 @@ impl ContainerRecords {
                 "annotations": annotations,
             }),
         })
+    }
+
+    /// A tag that names this pod's container by what its user knows of it, not by its id:
+    /// `<namespace>_<pod>_<container>` and `suffix` (`_` is in no Kubernetes name, so the three
+    /// are told apart), from the spec's CRI annotations. `None` when one of them is missing, or
+    /// the tag would not be one (past 128 characters, or a character a tag cannot hold).
+    pub fn pod_tag(&self, suffix: &str) -> Option<String> {
+        let spec: serde_json::Value = serde_json::from_str(&self.spec).ok()?;
+        let annotation = |key: &str| {
+            spec["annotations"][key]
+                .as_str()
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        let tag = format!(
+            "{}_{}_{}{suffix}",
+            annotation(CRI_SANDBOX_NAMESPACE)?,
+            annotation(CRI_SANDBOX_NAME)?,
+            annotation(CRI_CONTAINER_NAME)?
+        );
+        crate::reference::valid_tag(&tag).then_some(tag)
     }
 
     /// The CRI plugin's name of the container (`<name>_<pod>_<namespace>_<uid>_<attempt>`),

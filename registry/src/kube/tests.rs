@@ -612,3 +612,25 @@ fn a_spec_that_makes_no_kubernetes_image_is_refused_naming_why() {
          (the base image, which a restore pulls)"
     );
 }
+
+#[test]
+fn a_pods_container_is_tagged_by_namespace_pod_and_name() {
+    let records = |spec: serde_json::Value| {
+        ContainerRecords::of_cri_spec("c0ffee", "io.containerd.belayer.v1", 0, &spec.to_string())
+            .unwrap()
+    };
+    assert_eq!(
+        records(cri_spec()).pod_tag("-kube").as_deref(),
+        Some("default_agent-pod_sandbox-kube")
+    );
+    let mut spec = cri_spec();
+    spec["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("io.kubernetes.cri.sandbox-namespace");
+    assert_eq!(records(spec).pod_tag("-kube"), None, "no namespace");
+    // A pod name of 253 characters (Kubernetes allows it) makes no tag.
+    let mut spec = cri_spec();
+    spec["annotations"]["io.kubernetes.cri.sandbox-name"] = "p".repeat(253).into();
+    assert_eq!(records(spec).pod_tag("-kube"), None, "too long");
+}

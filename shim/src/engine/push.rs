@@ -63,9 +63,9 @@ impl Engine {
                     spec: d.spec,
                     status: d.status,
                 },
-                also_tag: None,
+                also_tags: &[],
             },
-            None => Form::Artifact { also_tag: None },
+            None => Form::Artifact { also_tags: &[] },
         };
         self.push_checkpoint(id, seq, &reference, options, form)
             .await
@@ -136,15 +136,15 @@ impl Engine {
         let what = format!("push {id} to {reference}");
         let pushing = Instant::now();
         let (report, journal_position) = match form {
-            Form::Kube { dumps, also_tag } => {
+            Form::Kube { dumps, also_tags } => {
                 let work = staged.dir.join("image");
                 let export = staged.export.clone();
                 let report =
-                    push_kube_image(client, reference, export, dumps, work, also_tag, &what)
+                    push_kube_image(client, reference, export, dumps, work, also_tags, &what)
                         .await?;
                 (report, None)
             }
-            Form::Artifact { also_tag } => {
+            Form::Artifact { also_tags } => {
                 // The journal position goes in the artifact's config: the pulling node reports it.
                 let journal_position =
                     crate::journal::Journal::open(self.settings.journals(&self.namespace), id)
@@ -156,7 +156,7 @@ impl Engine {
                     reference,
                     &staged.export,
                     journal_position,
-                    also_tag,
+                    also_tags,
                     &what,
                 )
                 .await?;
@@ -203,24 +203,24 @@ pub(super) struct Staged {
 /// What a checkpoint goes up as.
 pub(super) enum Form<'a> {
     /// Belayer's artifact (carrying the checkpoint's journal position), its manifest also
-    /// tagged `also_tag`.
-    Artifact { also_tag: Option<&'a str> },
-    /// A Kubernetes checkpoint image with these dumps, its manifest also tagged `also_tag`.
+    /// tagged `also_tags`.
+    Artifact { also_tags: &'a [String] },
+    /// A Kubernetes checkpoint image with these dumps, its manifest also tagged `also_tags`.
     Kube {
         dumps: CriDumps,
-        also_tag: Option<&'a str>,
+        also_tags: &'a [String],
     },
 }
 
 /// Pushes the export in `exported` as Belayer's artifact carrying `journal_position` (split into
-/// blobs beside it, off the runtime's threads), and tags its manifest `also_tag` too; `what`
+/// blobs beside it, off the runtime's threads), and tags its manifest `also_tags` too; `what`
 /// names the push in an error.
 async fn push_artifact(
     client: &Client,
     reference: &Reference,
     exported: &Path,
     journal_position: Option<u64>,
-    also_tag: Option<&str>,
+    also_tags: &[String],
     what: &str,
 ) -> Result<PushReport> {
     let registry_error = |source| Error::Registry {
@@ -242,20 +242,20 @@ async fn push_artifact(
     // Another push may follow from the same export (replication's image of a pod's container).
     let _ = std::fs::remove_dir_all(exported.with_file_name("blobs"));
     let report = report.map_err(registry_error)?;
-    tag_too(client, reference, also_tag, &parts.manifest(), what).await?;
+    tag_too(client, reference, also_tags, &parts.manifest(), what).await?;
     Ok(report)
 }
 
 /// Pushes the export in `exported` as a Kubernetes checkpoint image with `dumps`, its layer
 /// written into `work` (created here, removed afterwards) off the runtime's threads, and tags
-/// its manifest `also_tag` too; `what` names the push in an error.
+/// its manifest `also_tags` too; `what` names the push in an error.
 async fn push_kube_image(
     client: &Client,
     reference: &Reference,
     exported: PathBuf,
     dumps: CriDumps,
     work: PathBuf,
-    also_tag: Option<&str>,
+    also_tags: &[String],
     what: &str,
 ) -> Result<PushReport> {
     let registry_error = |source| Error::Registry {
@@ -277,31 +277,32 @@ async fn push_kube_image(
         .push(client, reference)
         .await
         .map_err(registry_error)?;
-    tag_too(client, reference, also_tag, &image.manifest(), what).await?;
+    tag_too(client, reference, also_tags, &image.manifest(), what).await?;
     Ok(report)
 }
 
-/// Tags `manifest`, pushed as `reference`, `tag` too in the same repository (when there is
-/// one); `what` names the push in an error.
+/// Tags `manifest`, pushed as `reference`, `tags` too in the same repository; `what` names the
+/// push in an error.
 async fn tag_too(
     client: &Client,
     reference: &Reference,
-    tag: Option<&str>,
+    tags: &[String],
     manifest: &Manifest,
     what: &str,
 ) -> Result<()> {
-    let Some(tag) = tag else { return Ok(()) };
-    client
-        .push_manifest(
-            &reference.repository,
-            tag,
-            belayer_registry::oci::OCI_MANIFEST,
-            manifest.to_bytes(),
-        )
-        .await
-        .map(drop)
-        .map_err(|source| Error::Registry {
-            what: what.to_string(),
-            source,
-        })
+    for tag in tags {
+        client
+            .push_manifest(
+                &reference.repository,
+                tag,
+                belayer_registry::oci::OCI_MANIFEST,
+                manifest.to_bytes(),
+            )
+            .await
+            .map_err(|source| Error::Registry {
+                what: what.to_string(),
+                source,
+            })?;
+    }
+    Ok(())
 }

@@ -9,7 +9,8 @@
 //!
 //! A pod's container (one containerd's CRI plugin made: its spec's `io.kubernetes.cri.*`
 //! annotations) goes up a second time from the same export, as the Kubernetes checkpoint image
-//! `REPO:<container>-<checkpoint>-kube` (`REPO:<container>-kube` moved to it), which a pod on
+//! `REPO:<container>-<checkpoint>-kube` (`REPO:<container>-kube` and, by the names a user knows,
+//! `REPO:<namespace>_<pod>_<container>-kube` moved to it), which a pod on
 //! any node with Belayer's handler restores from through CRI. Its dumps are made from the
 //! container's own spec (`ContainerRecords::of_cri_spec`): no CRI is asked, so the image exists
 //! whatever becomes of the node. It follows a successful artifact push in the same slot and at
@@ -150,7 +151,8 @@ impl Engine {
 
     /// Pushes checkpoint `seq` of `id` to `repository` as `<id>-<seq>`, tagged `<id>` too, and,
     /// for a pod's container, from the same export as the Kubernetes checkpoint image
-    /// `<id>-<seq>-kube`, tagged `<id>-kube` too. Fails only if the artifact's push does.
+    /// `<id>-<seq>-kube`, tagged `<id>-kube` and `<namespace>_<pod>_<container>-kube` too.
+    /// Fails only if the artifact's push does.
     async fn push_replica(
         self: &Arc<Self>,
         id: &str,
@@ -198,26 +200,29 @@ impl Engine {
                 source,
             })?;
         let staged = self.stage(id, seq).await?;
-        let artifact = Form::Artifact { also_tag: Some(id) };
+        let artifact = Form::Artifact {
+            also_tags: &[id.to_string()],
+        };
         let info = self
             .push_staged(id, seq, &staged, &client, &reference, artifact)
             .await?;
-        let kube_tag = format!("{id}-kube");
         let kube = match self.kube_dumps(id, seq).await {
             None => None,
             Some(Err(e)) => Some(Err(e)),
-            Some(Ok(dumps)) => Some(match parse(format!("{repository}:{id}-{seq}-kube")) {
-                Ok(image) => {
-                    let form = Form::Kube {
-                        dumps,
-                        also_tag: Some(&kube_tag),
-                    };
-                    self.push_staged(id, seq, &staged, &client, &image, form)
-                        .await
-                        .map(|info| info.reference)
-                }
-                Err(e) => Err(e),
-            }),
+            Some(Ok((dumps, also_tags))) => {
+                Some(match parse(format!("{repository}:{id}-{seq}-kube")) {
+                    Ok(image) => {
+                        let form = Form::Kube {
+                            dumps,
+                            also_tags: &also_tags,
+                        };
+                        self.push_staged(id, seq, &staged, &client, &image, form)
+                            .await
+                            .map(|info| info.reference)
+                    }
+                    Err(e) => Err(e),
+                })
+            }
         };
         Ok(Replica {
             artifact: info.reference,
@@ -227,9 +232,11 @@ impl Engine {
 
     /// The dumps of checkpoint `seq` of container `id`'s Kubernetes checkpoint image, made from
     /// the container's own spec (its bundle's `config.json`), its runtime (Belayer's) and when
-    /// this shim created it; `None` for a container that is no pod's container (CRI did not make
-    /// it, or it is a pod's sandbox): those have no such image.
-    async fn kube_dumps(&self, id: &str, seq: u64) -> Option<Result<CriDumps>> {
+    /// this shim created it, and the tags its manifest gets besides its own: `<id>-kube`, and
+    /// `<namespace>_<pod>_<container>-kube` where those names make a tag. `None` for a
+    /// container that is no pod's container (CRI did not make it, or it is a pod's sandbox):
+    /// those have no such image.
+    async fn kube_dumps(&self, id: &str, seq: u64) -> Option<Result<(CriDumps, Vec<String>)>> {
         let (bundle, created_unix_ns) = {
             let shared = self.get(id).ok()?;
             let c = shared.lock().await;
@@ -251,10 +258,13 @@ impl Engine {
                 }));
             }
         };
+        let tags = std::iter::once(format!("{id}-kube"))
+            .chain(records.pod_tag("-kube"))
+            .collect();
         Some(
             self.store()
                 .load(&self.namespace, id, seq)
-                .map(|cp| records.dumps(cp.manifest.created_unix_ms))
+                .map(|cp| (records.dumps(cp.manifest.created_unix_ms), tags))
                 .map_err(Error::from),
         )
     }
