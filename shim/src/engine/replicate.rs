@@ -29,6 +29,7 @@ use log::{info, warn};
 
 use super::Engine;
 use super::push::Form;
+use crate::container::Replication;
 use crate::error::{Error, Result};
 
 /// What one replication of a checkpoint pushed.
@@ -98,32 +99,17 @@ impl Engine {
                         "container {id}: checkpoint {seq} replicated as {}",
                         replica.artifact
                     );
-                    r.newest = Some(seq);
-                    r.report.newest = Some(seq.to_string());
-                    r.report.newest_reference = Some(replica.artifact);
-                    r.report.replicated.push(seq.to_string());
-                    r.report.pushes += 1;
-                    r.report.last_error = None;
-                    match replica.kube {
-                        Some(Ok(reference)) => {
-                            info!(
-                                "container {id}: checkpoint {seq} replicated as the Kubernetes checkpoint image {reference}"
-                            );
-                            r.report.kube_checkpoint = Some(seq.to_string());
-                            r.report.kube_reference = Some(reference);
-                            r.report.kube_pushes += 1;
-                            r.report.kube_last_error = None;
-                        }
-                        Some(Err(e)) => {
-                            warn!(
-                                "container {id}: checkpoint {seq} as a Kubernetes checkpoint image to {repository} failed (its artifact is replicated): {}",
-                                e.message()
-                            );
-                            r.report.kube_failures += 1;
-                            r.report.kube_last_error = Some(e.message());
-                        }
+                    match &replica.kube {
+                        Some(Ok(reference)) => info!(
+                            "container {id}: checkpoint {seq} replicated as the Kubernetes checkpoint image {reference}"
+                        ),
+                        Some(Err(e)) => warn!(
+                            "container {id}: checkpoint {seq} as a Kubernetes checkpoint image to {repository} failed (its artifact is replicated): {}",
+                            e.message()
+                        ),
                         None => {}
                     }
+                    replicated(r, seq, replica);
                     pause = RETRY_FIRST;
                 }
                 Err(e) => {
@@ -267,5 +253,79 @@ impl Engine {
                 .map(|cp| (records.dumps(cp.manifest.created_unix_ms), tags))
                 .map_err(Error::from),
         )
+    }
+}
+
+/// Records in `r` that checkpoint `seq` went up as `replica`: the artifact's replication moves
+/// on whatever became of the Kubernetes checkpoint image, which is reported on its own.
+fn replicated(r: &mut Replication, seq: u64, replica: Replica) {
+    r.newest = Some(seq);
+    r.report.newest = Some(seq.to_string());
+    r.report.newest_reference = Some(replica.artifact);
+    r.report.replicated.push(seq.to_string());
+    r.report.pushes += 1;
+    r.report.last_error = None;
+    match replica.kube {
+        Some(Ok(reference)) => {
+            r.report.kube_checkpoint = Some(seq.to_string());
+            r.report.kube_reference = Some(reference);
+            r.report.kube_pushes += 1;
+            r.report.kube_last_error = None;
+        }
+        Some(Err(e)) => {
+            r.report.kube_failures += 1;
+            r.report.kube_last_error = Some(e.message());
+        }
+        None => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(artifact: &str, kube: Option<Result<String>>) -> Replica {
+        Replica {
+            artifact: artifact.into(),
+            kube,
+        }
+    }
+
+    #[test]
+    fn a_failed_image_push_leaves_the_artifacts_replication_as_it_goes() {
+        let mut r = Replication::default();
+        replicated(
+            &mut r,
+            3,
+            replica("R:c-3@sha256:a", Some(Ok("R:c-3-kube@sha256:k".into()))),
+        );
+        let failed = Error::InvalidArgument("the registry refused the layer".into());
+        replicated(&mut r, 5, replica("R:c-5@sha256:b", Some(Err(failed))));
+        assert_eq!(r.newest, Some(5), "the artifact of 5 is replicated");
+        let report = &r.report;
+        assert_eq!(report.newest_reference.as_deref(), Some("R:c-5@sha256:b"));
+        assert_eq!(report.replicated, ["3", "5"]);
+        assert_eq!((report.pushes, report.failures), (2, 0));
+        assert!(report.last_error.is_none());
+        // The image stays at 3, its failure reported apart.
+        assert_eq!(report.kube_checkpoint.as_deref(), Some("3"));
+        assert_eq!(
+            report.kube_reference.as_deref(),
+            Some("R:c-3-kube@sha256:k")
+        );
+        assert_eq!((report.kube_pushes, report.kube_failures), (1, 1));
+        assert!(
+            report
+                .kube_last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("the registry refused the layer")),
+            "{report:?}"
+        );
+        // A container that is no pod's: no image, nothing of it reported.
+        let mut r = Replication::default();
+        replicated(&mut r, 1, replica("R:c-1@sha256:c", None));
+        assert_eq!(r.report.pushes, 1);
+        assert_eq!((r.report.kube_pushes, r.report.kube_failures), (0, 0));
+        assert!(r.report.kube_checkpoint.is_none());
     }
 }
