@@ -15,7 +15,8 @@
 //! container's own spec (`ContainerRecords::of_cri_spec`): no CRI is asked, so the image exists
 //! whatever becomes of the node. It follows a successful artifact push in the same slot and at
 //! the same rate; its failure is logged and reported (`kube_failures`, `kube_last_error`) and
-//! changes nothing of the container or of the artifact's replication.
+//! changes nothing of the container or of the artifact's replication. `[replication]
+//! kube_images = false` turns it off on the node.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,7 +193,12 @@ impl Engine {
         let info = self
             .push_staged(id, seq, &staged, &client, &reference, artifact)
             .await?;
-        let kube = match self.kube_dumps(id, seq).await {
+        let dumps = if settings.kube_images {
+            self.kube_dumps(id, seq).await
+        } else {
+            None
+        };
+        let kube = match dumps {
             None => None,
             Some(Err(e)) => Some(Err(e)),
             Some(Ok((dumps, also_tags))) => {
