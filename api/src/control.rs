@@ -282,6 +282,23 @@ pub struct ReplicationStatus {
     pub failures: u64,
     /// Why the last push failed, until one succeeds.
     pub last_error: Option<String>,
+    /// For a pod's container (CRI made it): the newest checkpoint also pushed as a Kubernetes
+    /// checkpoint image (`REPO:<container>-<checkpoint>-kube`, also tagged
+    /// `REPO:<container>-kube` and `REPO:<namespace>_<pod>_<container>-kube`), and that image's
+    /// reference pinned by digest.
+    #[serde(default)]
+    pub kube_checkpoint: Option<String>,
+    #[serde(default)]
+    pub kube_reference: Option<String>,
+    /// Those image pushes that succeeded and failed (a failed one leaves the artifact's
+    /// replication as it was).
+    #[serde(default)]
+    pub kube_pushes: u64,
+    #[serde(default)]
+    pub kube_failures: u64,
+    /// Why the last image push failed, until one succeeds.
+    #[serde(default)]
+    pub kube_last_error: Option<String>,
 }
 
 /// What the control socket saw of a container's hints since its shim started serving it.

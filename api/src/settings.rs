@@ -215,6 +215,9 @@ pub struct Replication {
     pub max_bytes_per_s: u64,
     /// Plain HTTP to a registry that is not on loopback (TLS is not implemented yet).
     pub plain_http: bool,
+    /// A pod's container (CRI made it) also goes up as a Kubernetes checkpoint image, which a
+    /// pod restores from: one layer holding the whole chain, uploaded whole each time.
+    pub kube_images: bool,
 }
 
 impl Default for Replication {
@@ -225,6 +228,7 @@ impl Default for Replication {
             max_in_flight: 2,
             max_bytes_per_s: 64 << 20,
             plain_http: false,
+            kube_images: true,
         }
     }
 }

@@ -142,11 +142,18 @@ impl Containerd {
     /// which busybox and the pause image are imported.
     #[track_caller]
     pub fn start_cri() -> Self {
+        Self::start_cri_configured(None)
+    }
+
+    /// [`Containerd::start_cri`] with the Belayer config file `belayer_config` for its shims
+    /// (see [`Containerd::start_configured`]).
+    #[track_caller]
+    pub fn start_cri_configured(belayer_config: Option<PathBuf>) -> Self {
         let shipped =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/containerd/config-2.x.toml");
         let entries =
             std::fs::read_to_string(&shipped).expect("read the shipped containerd config");
-        let c = Self::start_inner(Flavor::V2, None, None, Some(entries), false);
+        let c = Self::start_inner(Flavor::V2, None, belayer_config, Some(entries), false);
         c.import(&prereq::image("pause.tar"));
         c
     }

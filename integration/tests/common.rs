@@ -285,3 +285,43 @@ pub fn tar(args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Kills node `a` whole, as a node loss does: the processes of its container `id` (all of them:
+/// its init is its PID namespace's init), its shims and containerd; its store moves out of reach
+/// (`<store>.lost`, returned, for the caller to remove).
+pub fn kill_node(a: &Containerd, id: &str) -> std::path::PathBuf {
+    kill_node_in(a, &a.ns, &[id])
+}
+
+/// [`kill_node`] for the containers `ids` of namespace `ns` (docker's is `moby`; a pod's are
+/// its sandbox and its containers, in `k8s.io`).
+pub fn kill_node_in(a: &Containerd, ns: &str, ids: &[&str]) -> std::path::PathBuf {
+    let inits: Vec<i64> = ids
+        .iter()
+        .map(|id| {
+            task_row_in(a, ns, id)
+                .first()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("no init pid of {id}"))
+        })
+        .collect();
+    a.kill_daemon(a.pid());
+    for shim in a.shim_pids() {
+        let _ = belayer_integration::sigkill(shim.into());
+    }
+    for init in inits {
+        let _ = belayer_integration::sigkill(init);
+        assert!(
+            wait_until(Duration::from_secs(10), || !std::path::Path::new(&format!(
+                "/proc/{init}"
+            ))
+            .exists()
+                || std::fs::read_to_string(format!("/proc/{init}/stat"))
+                    .is_ok_and(|s| s.contains(") Z "))),
+            "the container's init {init} outlived its node"
+        );
+    }
+    let lost = a.store.with_extension("lost");
+    std::fs::rename(&a.store, &lost).expect("move node A's store away");
+    lost
+}

@@ -190,18 +190,25 @@ impl Cri {
         image: &str,
         command: &[&str],
     ) -> String {
+        let image = cri::ImageSpec {
+            image: image.into(),
+            ..Default::default()
+        };
         self.try_run_container(pod, name, image, command)
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// [`Cri::run_container`], its failure as the step and CRI's message.
+    /// [`Cri::run_container`] of the image `image` (as the kubelet names it: with
+    /// `user_specified_image`, the pod's image as written), its failure as the step and CRI's
+    /// message.
     fn try_run_container(
         &mut self,
         (pod, pod_name): (&str, &str),
         name: &str,
-        image: &str,
+        image: cri::ImageSpec,
         command: &[&str],
     ) -> Result<String, String> {
+        let shown = image.image.clone();
         let req = cri::CreateContainerRequest {
             pod_sandbox_id: pod.into(),
             config: Some(cri::ContainerConfig {
@@ -209,10 +216,7 @@ impl Cri {
                     name: name.into(),
                     attempt: 0,
                 }),
-                image: Some(cri::ImageSpec {
-                    image: image.into(),
-                    ..Default::default()
-                }),
+                image: Some(image),
                 command: command.iter().map(|a| a.to_string()).collect(),
                 linux: Some(cri::LinuxContainerConfig {
                     security_context: Some(cri::LinuxContainerSecurityContext {
@@ -227,7 +231,7 @@ impl Cri {
         };
         let id = self
             .call(|mut c| async move { c.create_container(req).await })
-            .map_err(|e| format!("CreateContainer {name} from {image}: {e}"))?
+            .map_err(|e| format!("CreateContainer {name} from {shown}: {e}"))?
             .container_id;
         let req = cri::StartContainerRequest {
             container_id: id.clone(),
@@ -272,6 +276,18 @@ fn assert_counter_goes_on(s: &Sandbox, what: &str) {
         "{what} is not 1..N or does not go on: {:?}",
         &counter[counter.len().saturating_sub(8)..]
     );
+}
+
+/// Asserts that `s`'s counter, restored by `what` from a checkpoint taken once it had counted
+/// `before`, has counted at least that much, and goes on as [`assert_counter_goes_on`] asks.
+#[track_caller]
+fn assert_counter_resumes(s: &Sandbox, before: usize, what: &str) {
+    let counted = s.counter().len();
+    assert!(
+        counted >= before,
+        "{what} ({counted}) is behind the checkpoint ({before})"
+    );
+    assert_counter_goes_on(s, what);
 }
 
 /// Asserts that the tar `archive` (`what`) holds what CRI's checkpoint archive holds (a Belayer
@@ -343,7 +359,8 @@ fn pod_config(name: &str) -> cri::PodSandboxConfig {
 /// busybox named after a registry on loopback that serves containerd's own content store, and
 /// that registry: CRI's restore from a checkpoint archive pulls the checkpoint's base image by
 /// digest, and there is no registry on these machines.
-fn served_busybox(c: &Containerd) -> (Registry, String) {
+/// Returns the registry, the image by tag and by digest.
+fn served_busybox(c: &Containerd) -> (Registry, String, String) {
     let registry = Registry::serve(&c.content_dir());
     let image = format!("{}/busybox:latest", registry.host);
     c.ctr(&["images", "tag", "belayer.local/busybox:latest", &image])
@@ -359,7 +376,7 @@ fn served_busybox(c: &Containerd) -> (Registry, String) {
         .to_string();
     let by_digest = format!("{}/busybox@{digest}", registry.host);
     c.ctr(&["images", "tag", &image, &by_digest]).ok();
-    (registry, image)
+    (registry, image, by_digest)
 }
 
 /// A CRI client of `c`, pod `pod_name` on the Belayer handler and the registry serving its
@@ -368,7 +385,7 @@ fn counter_pod(c: &Containerd, pod_name: &str) -> (Cri, String, Registry, String
     let mut cri = Cri::connect(c);
     cri.wait_ready();
     let pod = cri.run_pod(pod_name, "belayer");
-    let (registry, image) = served_busybox(c);
+    let (registry, image, _) = served_busybox(c);
     let id = cri.run_container(
         (&pod, pod_name),
         "sandbox",
@@ -480,7 +497,7 @@ fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
     let c = Containerd::start_cri();
     let mut cri = Cri::connect(&c);
     cri.wait_ready();
-    let (_registry, image) = served_busybox(&c);
+    let (_registry, image, _) = served_busybox(&c);
     let runc_pod = cri.run_pod("runc-pod", "");
     let id = cri.run_container(
         (&runc_pod, "runc-pod"),
@@ -536,13 +553,15 @@ fn a_runc_made_cri_checkpoint_restores_on_the_belayer_handler() {
 
 /// The manifest of checkpoint image `pinned` in `registry`, asserting what `checkpointctl build`
 /// would give it for the `sandbox` container of pod `pod_name` on Belayer's runtime, from the
-/// busybox that `busybox` serves: checkpointctl's annotations and one uncompressed layer.
+/// busybox that `busybox` serves named `image_name`: checkpointctl's annotations and one
+/// uncompressed layer.
 #[track_caller]
 fn checked_checkpoint_image(
     registry: &AuthRegistry,
     pinned: &str,
     pod_name: &str,
     busybox: &Registry,
+    image_name: &str,
 ) -> serde_json::Value {
     let digest = pinned.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
     let digest = belayer_registry::Digest::parse(digest).expect("a pinned digest");
@@ -559,10 +578,7 @@ fn checked_checkpoint_image(
             "org.criu.checkpoint.runtime.name",
             "io.containerd.belayer.v1",
         ),
-        (
-            "org.criu.checkpoint.rootfsImageName",
-            &format!("{busybox}:latest"),
-        ),
+        ("org.criu.checkpoint.rootfsImageName", image_name),
     ] {
         assert_eq!(a[key], want, "{key} in {manifest}");
     }
@@ -678,7 +694,8 @@ fn a_cri_checkpoint_pushed_as_an_image_restores_in_another_pod() {
     );
 
     // The manifest carries checkpointctl's annotations, filled from containerd's own dumps.
-    checked_checkpoint_image(&registry, &pinned, "image-pod", &busybox);
+    let tag = format!("{}/busybox:latest", busybox.host);
+    checked_checkpoint_image(&registry, &pinned, "image-pod", &busybox, &tag);
 
     // A hostile archive: a symlink in it (to a host file) is refused, naming it; nothing goes up.
     let hostile = c.dir.join("hostile.tar");
@@ -771,7 +788,8 @@ fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_on_another_node() 
     // An image as `checkpointctl build` makes of CRI's archive: checkpointctl's annotations
     // from containerd's records, one layer holding the export as checkpoint/ and the dumps,
     // created at the checkpoint's instant.
-    let manifest = checked_checkpoint_image(&registry, &pinned, "kube-pod", &busybox);
+    let tag = format!("{}/busybox:latest", busybox.host);
+    let manifest = checked_checkpoint_image(&registry, &pinned, "kube-pod", &busybox, &tag);
     let blob = |digest: &serde_json::Value| {
         let digest =
             belayer_registry::Digest::parse(digest.as_str().unwrap_or_default()).expect("a digest");
@@ -823,13 +841,11 @@ fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_on_another_node() 
     let pod = cri_b.run_pod("kube-pod-2", "belayer");
     let restored = restore_pulled(&b, &mut cri_b, (&pod, "kube-pod-2"), &pinned, "/by-belayer");
     let r = Sandbox::attach(&b, &restored);
-    let counter = r.counter();
-    assert!(
-        counter.len() >= before,
-        "the restored counter ({}) is behind the checkpoint ({before})",
-        counter.len()
+    assert_counter_resumes(
+        &r,
+        before,
+        "the counter restored from Belayer's checkpoint image",
     );
-    assert_counter_goes_on(&r, "the counter restored from Belayer's checkpoint image");
     assert!(
         std::fs::read_dir(b.checkpoints_dir(&restored)).is_ok_and(|mut d| d.next().is_some()),
         "node B's store holds no checkpoint of the restored container"
@@ -840,6 +856,167 @@ fn a_belayer_checkpoint_pushed_as_a_kubernetes_image_restores_on_another_node() 
     eprintln!(
         "push --kube: {} bytes up, restored on node B; test took {:.1} s",
         info["uploaded_bytes"],
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Automatic replication carries a pod's container through a node loss as a Kubernetes
+/// checkpoint image (issue 25): node A's Belayer config checkpoints automatically and replicates
+/// to a registry with authentication. The pod's container (its image named by digest, as the
+/// kubelet hands the pod's image to CRI) takes automatic checkpoints after its actions, and each
+/// goes up in the background as Belayer's artifact and, from the same export, as the checkpoint
+/// image `REPO:<container>-<checkpoint>-kube` (`REPO:<container>-kube` and
+/// `REPO:<namespace>_<pod>_<container>-kube` moved to it), its dumps made by the shim from the
+/// container's own spec; `belayer status` reports it. Node A is then killed whole (containerd,
+/// its shims, the pod's processes) and its store moved out of reach; only the registries are
+/// left (the base image's, here served from node A's content store files, stands for the
+/// cluster's). On node B a pod pulls `REPO:default_auto-pod_sandbox-kube` (no id of node A's
+/// needed) with the kubelet's credentials, and a container created from it through CRI continues from the newest
+/// replicated checkpoint: the files of every turn, the counter from where it was. Fails on the
+/// old code: replication pushed no image.
+#[test]
+fn automatic_replication_restores_a_pods_container_on_another_node_after_a_node_loss() {
+    let started = std::time::Instant::now();
+    let registry = AuthRegistry::start();
+    let scratch = belayer_integration::Scratch::new("kube-auto");
+    let docker = scratch.path().join("docker");
+    registry.write_docker_config(&docker, USER, PASSWORD);
+    let repo = format!("{}/k8s/auto", registry.addr);
+    let config = scratch.path().join("belayer.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "checkpoint = \"auto\"\n[replication]\nrepository = \"{repo}\"\n\
+             docker_config = \"{}\"\n",
+            docker.join("config.json").display()
+        ),
+    )
+    .unwrap();
+    let a = Containerd::start_cri_configured(Some(config));
+    let mut cri = Cri::connect(&a);
+    cri.wait_ready();
+    let pod = cri.run_pod("auto-pod", "belayer");
+    let (busybox, _, by_digest) = served_busybox(&a);
+    let image = cri::ImageSpec {
+        image: by_digest.clone(),
+        user_specified_image: by_digest.clone(),
+        ..Default::default()
+    };
+    let id = cri
+        .try_run_container(
+            (&pod, "auto-pod"),
+            "sandbox",
+            image,
+            &["sh", "-c", COUNTER_LOOP],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let s = Sandbox::attach(&a, &id);
+    let listed = || -> Vec<String> {
+        a.belayer(&["checkpoints", &id])
+            .stdout
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    // Two turns, each an action then the model thinking while the scheduler checkpoints.
+    let (mut newest, mut before) = (String::new(), 0);
+    for n in 1..=2 {
+        assert_eq!(s.exec(&format!("echo turn{n} > /turn{n}"), None).code, 0);
+        before = s.counter().len();
+        a.belayer(&["hint", &id, "llm-start", "--expected-ms", "2000"])
+            .ok();
+        assert!(
+            wait_until(Duration::from_secs(20), || listed()
+                .last()
+                .is_some_and(|l| *l != newest)),
+            "turn {n}: no automatic checkpoint; shim log:\n{}",
+            a.log_lines(&id, 20)
+        );
+        newest = listed().last().unwrap().clone();
+    }
+    // Both forms of the newest replicated in the background.
+    let replication = || status(&a, &id)["replication"].clone();
+    assert!(
+        wait_until(Duration::from_secs(90), || {
+            let r = replication();
+            r["kube_checkpoint"].is_string()
+                && r["kube_checkpoint"] == r["newest"]
+                && r["behind"].as_array().is_some_and(|b| b.is_empty())
+        }),
+        "replication did not push the newest checkpoint as an image: {}; shim log:\n{}",
+        replication(),
+        a.log_lines(&id, 30)
+    );
+    let r = replication();
+    eprintln!("kube-auto: node A's status once replicated: {r}");
+    assert_eq!(r["failures"], 0, "{r}");
+    assert_eq!(r["kube_failures"], 0, "{r}");
+    assert!(r["kube_last_error"].is_null(), "{r}");
+    let cp = r["kube_checkpoint"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(cp.parse::<u64>().ok() >= newest.parse::<u64>().ok(), "{r}");
+    let pinned = r["kube_reference"].as_str().unwrap_or_default().to_string();
+    assert!(
+        pinned.starts_with(&format!("{repo}:{id}-{cp}-kube@sha256:")),
+        "{r}"
+    );
+    // checkpointctl's annotations, from the container's own spec: the base image as CRI named
+    // it to the runtime, here by digest.
+    checked_checkpoint_image(&registry, &pinned, "auto-pod", &busybox, &by_digest);
+
+    let lost = kill_node_in(&a, "k8s.io", &[&pod, &id]);
+
+    // Node B: its own containerd, content and Belayer store; only the registries reach it.
+    let b = Containerd::start_cri();
+    let mut cri_b = Cri::connect(&b);
+    cri_b.wait_ready();
+    let pod_b = cri_b.run_pod("auto-pod-2", "belayer");
+    // By the names the user knows (namespace, pod, container), not node A's container id.
+    let newest_image = format!("{repo}:default_auto-pod_sandbox-kube");
+    let restored = restore_pulled(
+        &b,
+        &mut cri_b,
+        (&pod_b, "auto-pod-2"),
+        &newest_image,
+        "/turn2",
+    );
+    let r = Sandbox::attach(&b, &restored);
+    assert_eq!(
+        r.exec("cat /turn1", None).stdout,
+        "turn1\n",
+        "turn 1's file did not come"
+    );
+    assert_counter_resumes(&r, before, "the counter restored from the replicated image");
+    // The same image under node A's container id.
+    let auth = || {
+        Some(cri::AuthConfig {
+            username: USER.into(),
+            password: PASSWORD.into(),
+            ..Default::default()
+        })
+    };
+    let by_id = format!("{repo}:{id}-kube");
+    assert_eq!(
+        cri_b.pull_image(&by_id, "auto-pod-2", auth()),
+        cri_b.pull_image(&newest_image, "auto-pod-2", auth()),
+        "{by_id} and {newest_image} are not one image"
+    );
+    assert!(
+        busybox
+            .requests()
+            .iter()
+            .any(|q| q.contains("/manifests/sha256:")),
+        "node B did not pull the base image by digest: {:?}",
+        busybox.requests()
+    );
+
+    cri_b.remove_pod(&pod_b);
+    assert_no_shims(&b);
+    let _ = std::fs::remove_dir_all(&lost);
+    eprintln!(
+        "kube-auto: restored on node B from {newest_image} (checkpoint {cp}); test took {:.1} s",
         started.elapsed().as_secs_f64()
     );
 }
@@ -933,7 +1110,10 @@ fn forged_cri_archives_reach_nothing_outside_their_checkpoint() {
         .try_run_container(
             (&pod, "forged-pod"),
             "forged",
-            &forged.display().to_string(),
+            cri::ImageSpec {
+                image: forged.display().to_string(),
+                ..Default::default()
+            },
             &[],
         )
         .expect_err("a checkpoint with an absolute criu_dir was restored");

@@ -22,38 +22,6 @@ use belayer_integration::{Containerd, Docker, Flavor, Out, Scratch, prereq};
 use belayer_registry::testing::{PASSWORD, Registry, USER};
 use common::*;
 
-/// Kills node `a` whole, as a node loss does: the processes of its container `id` (all of them:
-/// its init is its PID namespace's init), its shims and containerd; its store moves out of reach
-/// (`<store>.lost`, returned, for the caller to remove).
-fn kill_node(a: &Containerd, id: &str) -> std::path::PathBuf {
-    kill_node_in(a, &a.ns, id)
-}
-
-/// [`kill_node`] for a container of namespace `ns` (docker's is `moby`).
-fn kill_node_in(a: &Containerd, ns: &str, id: &str) -> std::path::PathBuf {
-    let init: i64 = task_row_in(a, ns, id)
-        .first()
-        .and_then(|p| p.parse().ok())
-        .expect("the container's init pid");
-    a.kill_daemon(a.pid());
-    for shim in a.shim_pids() {
-        let _ = belayer_integration::sigkill(shim.into());
-    }
-    let _ = belayer_integration::sigkill(init);
-    assert!(
-        wait_until(Duration::from_secs(10), || !Path::new(&format!(
-            "/proc/{init}"
-        ))
-        .exists()
-            || std::fs::read_to_string(format!("/proc/{init}/stat"))
-                .is_ok_and(|s| s.contains(") Z "))),
-        "the container's init {init} outlived its node"
-    );
-    let lost = a.store.with_extension("lost");
-    std::fs::rename(&a.store, &lost).expect("move node A's store away");
-    lost
-}
-
 /// A registry with htpasswd auth and two docker configs: one with its credentials, one empty.
 fn registry_and_configs(scratch: &Scratch) -> (Registry, std::path::PathBuf, std::path::PathBuf) {
     let registry = Registry::start();
@@ -475,7 +443,7 @@ fn a_docker_sandbox_continues_in_docker_on_another_node() {
     )
     .unwrap();
     let _ = belayer_integration::sigkill(da.pid().into());
-    let lost = kill_node_in(&a, "moby", &id);
+    let lost = kill_node_in(&a, "moby", &[&id]);
 
     // Node B: a container docker created alike, the export where docker keeps a container's
     // checkpoints (its data root's containers/ID/checkpoints/NAME: docker 28 refuses any

@@ -474,6 +474,39 @@ pub enum CriArchiveError {
     },
 }
 
+/// Why a container's own OCI spec (the shim's, with no CRI to ask) makes no records of a
+/// Kubernetes container ([`crate::kube::ContainerRecords::of_cri_spec`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CriSpecError {
+    /// A spec that is not JSON.
+    #[error("its spec does not parse")]
+    Json(#[source] serde_json::Error),
+    /// No CRI container type: a container that containerd's CRI plugin did not make.
+    #[error("its spec has no annotation {annotation}: not a Kubernetes (CRI) container")]
+    NotCri {
+        /// The annotation looked for.
+        annotation: &'static str,
+    },
+    /// A CRI container of another kind than `container` (a pod's sandbox).
+    #[error(
+        "it is a pod's {kind} (annotation {annotation}), not a container a pod restores from an image"
+    )]
+    NotContainer {
+        /// Its kind.
+        kind: String,
+        /// The annotation.
+        annotation: &'static str,
+    },
+    /// A CRI container's spec without an annotation the image needs.
+    #[error("its spec has no annotation {annotation} ({what})")]
+    Missing {
+        /// The annotation.
+        annotation: &'static str,
+        /// What it names.
+        what: &'static str,
+    },
+}
+
 /// Why a checkpoint's manifest does not list, per member of its config, its layer then its
 /// images.
 #[derive(Debug, thiserror::Error)]

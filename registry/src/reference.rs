@@ -199,7 +199,7 @@ fn alnum(b: u8) -> bool {
     b.is_ascii_lowercase() || b.is_ascii_digit()
 }
 
-fn valid_tag(s: &str) -> bool {
+pub(crate) fn valid_tag(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 128

@@ -72,6 +72,8 @@ pub struct Container {
     pub uncaptured_warned: Vec<criu_bridge::UncapturedExec>,
     /// The automatic replication of its checkpoints (`io.belayer.replicate`).
     pub replication: Replication,
+    /// When this shim created it (its task), nanoseconds since the Unix epoch.
+    pub created_unix_ns: i128,
 }
 
 /// Where a container's automatic replication stands; the engine's pusher runs it.
@@ -162,6 +164,9 @@ impl Container {
             fill_failure: None,
             uncaptured_warned: Vec::new(),
             replication: Replication::default(),
+            created_unix_ns: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i128::try_from(d.as_nanos()).unwrap_or_default()),
             id: id.to_string(),
             rootfs: bundle.join("rootfs"),
             systemd_cgroup: false,

@@ -78,6 +78,14 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// A container whose spec makes no Kubernetes checkpoint image (`path`: the spec).
+    #[error("container {id}: {} makes no Kubernetes checkpoint image", path.display())]
+    KubeSpec {
+        id: String,
+        path: std::path::PathBuf,
+        #[source]
+        source: belayer_registry::error::CriSpecError,
+    },
     #[error("invalid {name} annotation")]
     Annotation {
         name: &'static str,
@@ -283,6 +291,7 @@ impl Error {
             | Error::Hint(_)
             | Error::Body(_)
             | Error::Spec { .. }
+            | Error::KubeSpec { .. }
             | Error::Annotation { .. }
             | Error::RuntimeOptions { .. }
             | Error::CheckpointOptions(_) => Kind::InvalidArgument,

@@ -1,7 +1,8 @@
 //! The dumps CRI `CheckpointContainer` writes beside a checkpoint (`config.dump`, `spec.dump`,
 //! `status.dump`), made the way containerd 2.1 makes them
 //! (`internal/cri/server/container_checkpoint_linux.go`) from its records of the container, for
-//! a checkpoint Belayer took itself.
+//! a checkpoint Belayer took itself; or, where there is no CRI to ask (the shim replicating a
+//! checkpoint), from what the container's own OCI spec says of it ([`ContainerRecords::of_cri_spec`]).
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,24 @@ use super::{
     CONFIG_DUMP, ConfigDump, CriArchiveLimits, SPEC_DUMP, STATUS_DUMP, SpecDump, annotations,
     check_dump_size, parse_dump,
 };
-use crate::error::CriArchiveError;
+use crate::error::{CriArchiveError, CriSpecError};
+
+/// The spec annotations containerd's CRI plugin gives a pod's container (and its sandbox).
+const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+const CRI_IMAGE_NAME: &str = "io.kubernetes.cri.image-name";
+const CRI_SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+/// The kind [`CRI_CONTAINER_TYPE`] names of a pod's container (a sandbox's is `sandbox`).
+const CRI_KIND_CONTAINER: &str = "container";
+/// CRI's `ContainerState` of a running container, as the proto numbers it.
+const CONTAINER_RUNNING: i32 = 1;
+/// The kubelet's annotations that containerd's restore (`CRImportCheckpoint`) takes from the
+/// request creating the restored container when `status.dump` has them.
+const KUBELET_RESTORE_ANNOTATIONS: [&str; 2] = [
+    "io.kubernetes.container.hash",
+    "io.kubernetes.container.restartCount",
+];
 
 /// The dumps of a checkpoint image: the JSON files CRI's archive holds beside `checkpoint/`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +125,95 @@ impl ContainerRecords {
             spec: self.spec.clone(),
             status: status.to_string(),
         }
+    }
+
+    /// The records of container `id` made from its own OCI spec `spec` (JSON), for a node that
+    /// has no CRI to ask: the shim, which knows the spec, its runtime `runtime` and when it
+    /// created the container (`created_unix_ns`). What the CRI plugin records and the spec does
+    /// not say is left out or taken from the spec's annotations:
+    /// - the CRI name is the container's name in its pod (`io.kubernetes.cri.container-name`;
+    ///   the CRI plugin's `<name>_<pod>_<namespace>_<uid>_<attempt>` is not in the spec);
+    /// - the status holds `id`, `metadata.name` (that name), `state` running, `created_at`,
+    ///   `image.image` and `image_ref`, both the image as CRI named it to the runtime
+    ///   (`io.kubernetes.cri.image-name`: the pod's image as written, `NAME@sha256:…` when the
+    ///   pod names it by digest, else by tag, which a restore then pulls as the tag is then),
+    ///   and as annotations the kubelet's `io.kubernetes.container.hash` and `…restartCount`,
+    ///   empty, so that containerd's restore takes the restoring kubelet's values of them; no
+    ///   labels (the restore reads none).
+    ///
+    /// Refused, naming it: a spec that is not JSON, one without the CRI container type (a
+    /// container CRI did not make), a pod's sandbox, and a container without its name or image.
+    pub fn of_cri_spec(
+        id: &str,
+        runtime: &str,
+        created_unix_ns: i128,
+        spec: &str,
+    ) -> Result<Self, CriSpecError> {
+        let parsed: serde_json::Value = serde_json::from_str(spec).map_err(CriSpecError::Json)?;
+        let annotation = |key: &str| {
+            parsed["annotations"][key]
+                .as_str()
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        let kind = annotation(CRI_CONTAINER_TYPE).ok_or(CriSpecError::NotCri {
+            annotation: CRI_CONTAINER_TYPE,
+        })?;
+        if kind != CRI_KIND_CONTAINER {
+            return Err(CriSpecError::NotContainer {
+                kind,
+                annotation: CRI_CONTAINER_TYPE,
+            });
+        }
+        let name = annotation(CRI_CONTAINER_NAME).ok_or(CriSpecError::Missing {
+            annotation: CRI_CONTAINER_NAME,
+            what: "the container's name in its pod",
+        })?;
+        let image = annotation(CRI_IMAGE_NAME).ok_or(CriSpecError::Missing {
+            annotation: CRI_IMAGE_NAME,
+            what: "the base image, which a restore pulls",
+        })?;
+        let annotations: serde_json::Map<String, serde_json::Value> = KUBELET_RESTORE_ANNOTATIONS
+            .iter()
+            .map(|k| (k.to_string(), serde_json::Value::String(String::new())))
+            .collect();
+        Ok(Self {
+            id: id.to_string(),
+            runtime: runtime.to_string(),
+            created_unix_ns,
+            spec: spec.to_string(),
+            cri_metadata: None,
+            status: serde_json::json!({
+                "id": id,
+                "metadata": {"name": name},
+                "state": CONTAINER_RUNNING,
+                "created_at": i64::try_from(created_unix_ns).unwrap_or_default(),
+                "image": {"image": image},
+                "image_ref": image,
+                "annotations": annotations,
+            }),
+        })
+    }
+
+    /// A tag that names this pod's container by what its user knows of it, not by its id:
+    /// `<namespace>_<pod>_<container>` and `suffix` (`_` is in no Kubernetes name, so the three
+    /// are told apart), from the spec's CRI annotations. `None` when one of them is missing, or
+    /// the tag would not be one (past 128 characters, or a character a tag cannot hold).
+    pub fn pod_tag(&self, suffix: &str) -> Option<String> {
+        let spec: serde_json::Value = serde_json::from_str(&self.spec).ok()?;
+        let annotation = |key: &str| {
+            spec["annotations"][key]
+                .as_str()
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        };
+        let tag = format!(
+            "{}_{}_{}{suffix}",
+            annotation(CRI_SANDBOX_NAMESPACE)?,
+            annotation(CRI_SANDBOX_NAME)?,
+            annotation(CRI_CONTAINER_NAME)?
+        );
+        crate::reference::valid_tag(&tag).then_some(tag)
     }
 
     /// The CRI plugin's name of the container (`<name>_<pod>_<namespace>_<uid>_<attempt>`),

@@ -499,3 +499,138 @@ fn an_export_or_dumps_that_make_no_image_are_refused() {
     let e = refusal(&good, &limits);
     assert!(e.contains("sub"), "{e}");
 }
+
+/// The base image a pod names by digest, as CRI hands it to the runtime.
+const BY_DIGEST: &str =
+    "reg:5000/busybox@sha256:1111111111111111111111111111111111111111111111111111111111111111";
+
+/// A pod's container's spec with the annotations containerd's CRI plugin writes into it.
+fn cri_spec() -> serde_json::Value {
+    serde_json::json!({"ociVersion": "1.2.1", "process": {"args": ["sh"]}, "annotations": {
+        "io.kubernetes.cri.container-type": "container",
+        "io.kubernetes.cri.container-name": "sandbox",
+        "io.kubernetes.cri.sandbox-id": "p0d",
+        "io.kubernetes.cri.sandbox-name": "agent-pod",
+        "io.kubernetes.cri.sandbox-namespace": "default",
+        "io.kubernetes.cri.image-name": BY_DIGEST,
+        "org.criu.config": "/run/belayer/criu.conf",
+    }})
+}
+
+#[test]
+fn a_cri_containers_own_spec_makes_the_dumps() {
+    let spec = cri_spec().to_string();
+    let created = 1_796_605_200_000_000_000;
+    let records =
+        ContainerRecords::of_cri_spec("c0ffee", "io.containerd.belayer.v1", created, &spec)
+            .unwrap();
+    let dumps = records.dumps(1_796_608_800_500);
+    let config: serde_json::Value = serde_json::from_str(&dumps.config).unwrap();
+    assert_eq!(
+        config,
+        serde_json::json!({
+            "id": "c0ffee",
+            "name": "sandbox",
+            "rootfsImage": BY_DIGEST,
+            "rootfsImageRef": BY_DIGEST,
+            "rootfsImageName": BY_DIGEST,
+            "runtime": "io.containerd.belayer.v1",
+            "createdTime": "2026-12-07T01:00:00Z",
+            "checkpointedTime": "2026-12-07T02:00:00.5Z",
+            "restoredTime": "0001-01-01T00:00:00Z",
+            "restored": false,
+        })
+    );
+    assert_eq!(
+        dumps.spec, spec,
+        "spec.dump is the spec as the shim holds it"
+    );
+    let status: serde_json::Value = serde_json::from_str(&dumps.status).unwrap();
+    assert_eq!(
+        status,
+        serde_json::json!({
+            "id": "c0ffee",
+            "metadata": {"name": "sandbox"},
+            "state": 1,
+            "created_at": created as i64,
+            "image": {"image": BY_DIGEST},
+            "image_ref": BY_DIGEST,
+            "annotations": {
+                "io.kubernetes.container.hash": "",
+                "io.kubernetes.container.restartCount": "",
+            },
+        })
+    );
+    let a = dumps.annotations(&CriArchiveLimits::default()).unwrap();
+    assert_eq!(a[ANNOTATION_ENGINE], "containerd");
+    assert_eq!(a[ANNOTATION_CONTAINER_NAME], "sandbox");
+    assert_eq!(a[ANNOTATION_POD], "agent-pod");
+    assert_eq!(a[ANNOTATION_NAMESPACE], "default");
+    assert_eq!(a[ANNOTATION_ROOTFS_IMAGE_ID], BY_DIGEST);
+    assert_eq!(a[ANNOTATION_ROOTFS_IMAGE_NAME], BY_DIGEST);
+    assert_eq!(a[ANNOTATION_RUNTIME_NAME], "io.containerd.belayer.v1");
+}
+
+#[test]
+fn a_spec_that_makes_no_kubernetes_image_is_refused_naming_why() {
+    let refusal = |spec: &str| {
+        ContainerRecords::of_cri_spec("c", "io.containerd.belayer.v1", 0, spec)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(refusal("{not json"), "its spec does not parse");
+    // A container ctr or docker made: no CRI annotations at all.
+    let not_cri = "its spec has no annotation io.kubernetes.cri.container-type: \
+                   not a Kubernetes (CRI) container";
+    assert_eq!(refusal(r#"{"ociVersion":"1.2.1"}"#), not_cri);
+    assert_eq!(
+        refusal(r#"{"annotations":{"io.belayer.checkpoint":"auto"}}"#),
+        not_cri
+    );
+    let edited = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut spec = cri_spec();
+        edit(&mut spec["annotations"]);
+        refusal(&spec.to_string())
+    };
+    assert_eq!(
+        edited(&|a| a["io.kubernetes.cri.container-type"] = "sandbox".into()),
+        "it is a pod's sandbox (annotation io.kubernetes.cri.container-type), \
+         not a container a pod restores from an image"
+    );
+    assert_eq!(
+        edited(&|a| drop(
+            a.as_object_mut()
+                .unwrap()
+                .remove("io.kubernetes.cri.container-name")
+        )),
+        "its spec has no annotation io.kubernetes.cri.container-name \
+         (the container's name in its pod)"
+    );
+    assert_eq!(
+        edited(&|a| a["io.kubernetes.cri.image-name"] = "".into()),
+        "its spec has no annotation io.kubernetes.cri.image-name \
+         (the base image, which a restore pulls)"
+    );
+}
+
+#[test]
+fn a_pods_container_is_tagged_by_namespace_pod_and_name() {
+    let records = |spec: serde_json::Value| {
+        ContainerRecords::of_cri_spec("c0ffee", "io.containerd.belayer.v1", 0, &spec.to_string())
+            .unwrap()
+    };
+    assert_eq!(
+        records(cri_spec()).pod_tag("-kube").as_deref(),
+        Some("default_agent-pod_sandbox-kube")
+    );
+    let mut spec = cri_spec();
+    spec["annotations"]
+        .as_object_mut()
+        .unwrap()
+        .remove("io.kubernetes.cri.sandbox-namespace");
+    assert_eq!(records(spec).pod_tag("-kube"), None, "no namespace");
+    // A pod name of 253 characters (Kubernetes allows it) makes no tag.
+    let mut spec = cri_spec();
+    spec["annotations"]["io.kubernetes.cri.sandbox-name"] = "p".repeat(253).into();
+    assert_eq!(records(spec).pod_tag("-kube"), None, "too long");
+}
