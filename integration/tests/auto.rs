@@ -252,6 +252,16 @@ fn restore_unpins(c: &Containerd, id: &str, shim_dies: bool) {
         "{id}: retention removed checkpoint {first}, which the mounted rootfs stacks on: {:?}",
         checkpoints()
     );
+    // Retention after {newest} (keep=1) compacts it and drops the one between: settled before
+    // the shim dies. A compaction the SIGKILL cuts short leaves {newest} stacked on {first},
+    // which the restore below then mounts, rightly keeping {first} (a loaded machine lost
+    // that race once).
+    assert!(
+        wait_until(Duration::from_secs(30), || checkpoints()
+            == [first.clone(), newest.clone()]),
+        "{id}: retention after checkpoint {newest} did not settle on [{first}, {newest}]: {:?}",
+        checkpoints()
+    );
     if shim_dies {
         let shim = c.shim_of(id).expect("the sandbox's shim");
         belayer_integration::sigkill(shim.into()).expect("SIGKILL the shim");
