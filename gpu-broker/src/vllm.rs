@@ -76,7 +76,32 @@ pub struct Setup {
     pub kv_reuse: bool,
 }
 
+/// This checkout's plugin source, first on every interpreter's path ([`Setup::command`]): the
+/// tests and the bench run the plugin of the tree they were built from, whatever checkout the
+/// venv's editable install names (`scripts/setup-vllm` run from another checkout re-points it).
+/// The venv still provides the plugin's entry point (`vllm.general_plugins`), which
+/// [`Setup::find`] checks.
+const PLUGIN_SRC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/vllm-plugin/src");
+
+/// What [`Setup::find`] asks the venv: vLLM, this checkout's plugin, and the plugin's entry point.
+const IMPORT_CHECK: &str = "import sys, vllm, belayer_vllm.front\n\
+from importlib.metadata import entry_points\n\
+ok = any(e.value == 'belayer_vllm.plugin:register' for e in entry_points(group='vllm.general_plugins'))\n\
+sys.exit(0 if ok else 'no vllm.general_plugins entry point belayer_vllm.plugin:register in the venv')";
+
+/// `python` with [`PLUGIN_SRC`] on its path.
+fn python_command(python: &Path) -> Command {
+    let mut c = Command::new(python);
+    c.env("PYTHONPATH", PLUGIN_SRC);
+    c
+}
+
 impl Setup {
+    /// The venv's interpreter with this checkout's plugin first on its path.
+    pub fn command(&self) -> Command {
+        python_command(&self.python)
+    }
+
     /// Finds the venv and model (`BELAYER_VLLM_PYTHON`, `BELAYER_VLLM_MODEL` override) and checks
     /// that the venv imports vLLM and the plugin. Every missing piece is an error naming it.
     pub fn find(checksum_bin: &Path) -> Result<Self, VllmError> {
@@ -105,8 +130,8 @@ impl Setup {
                 env: "CARGO_BIN_EXE_belayer-region-checksum",
             });
         }
-        let out = Command::new(&python)
-            .args(["-c", "import vllm, belayer_vllm.front"])
+        let out = python_command(&python)
+            .args(["-c", IMPORT_CHECK])
             .output()
             .map_err(|source| VllmError::Spawn {
                 what: python.display().to_string(),
@@ -198,7 +223,7 @@ impl Setup {
         plugin: Option<(&Path, &str, &Path)>,
         log: &Path,
     ) -> Result<Group, VllmError> {
-        let mut c = Command::new(&self.python);
+        let mut c = self.command();
         self.env(&mut c);
         c.args(self.vllm_args(port, plugin));
         Group::spawn(name, c, port, log)
@@ -212,7 +237,7 @@ impl Setup {
         state: &Path,
         log: &Path,
     ) -> Result<Group, VllmError> {
-        let mut c = Command::new(&self.python);
+        let mut c = self.command();
         c.args(["-m", "belayer_vllm.front", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .arg("--broker")
@@ -230,7 +255,7 @@ impl Setup {
         out: &Path,
         generating: Option<&Path>,
     ) -> Command {
-        let mut c = Command::new(&self.python);
+        let mut c = self.command();
         c.args(["-m", "belayer_vllm.loadgen", "--url"])
             .arg(format!("http://127.0.0.1:{port}"))
             .args(["--requests", &load.requests.to_string()])

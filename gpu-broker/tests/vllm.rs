@@ -204,7 +204,8 @@ fn promoted(env: &Env, epoch: u64) {
 fn plugin_unit_tests_and_codec_vectors() {
     let s = setup();
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("vllm-plugin");
-    let out = std::process::Command::new(&s.python)
+    let out = s
+        .command()
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
         .current_dir(&dir)
         .output()
