@@ -231,6 +231,16 @@ pub fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
     move |source| Error::Io { context, source }
 }
 
+/// Wraps a registry error with `what` the push was ([`Error::Registry`]); callable again for
+/// each step of one push.
+pub fn registry(what: impl Into<String>) -> impl Fn(belayer_registry::Error) -> Error {
+    let what = what.into();
+    move |source| Error::Registry {
+        what: what.clone(),
+        source,
+    }
+}
+
 /// Wraps the `JoinError` of a blocking task with its step.
 pub fn task(step: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Error {
     move |source| Error::Task { step, source }

@@ -24,17 +24,15 @@ use belayer_registry::oci::Manifest;
 use belayer_registry::{Client, ClientOptions, PlainHttp, PushReport, Reference};
 
 use super::Engine;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, registry};
 use crate::export::{Placing, remove_dead_staging};
 
 impl Engine {
     /// Pushes checkpoint `req.checkpoint` (the newest when absent) of container `id` to
     /// `req.reference`: only the blobs the registry lacks go up.
     pub async fn push(self: &Arc<Self>, id: &str, req: PushRequest) -> Result<PushInfo> {
-        let reference = Reference::parse(&req.reference).map_err(|source| Error::Registry {
-            what: format!("push {id} to {}", req.reference),
-            source,
-        })?;
+        let reference = Reference::parse(&req.reference)
+            .map_err(registry(format!("push {id} to {}", req.reference)))?;
         self.get(id)?;
         let seq = match req.checkpoint {
             Some(seq) => seq,
@@ -81,11 +79,8 @@ impl Engine {
         options: ClientOptions,
         form: Form<'_>,
     ) -> Result<PushInfo> {
-        let client =
-            Client::new(&reference.registry, options).map_err(|source| Error::Registry {
-                what: format!("push {id} to {reference}"),
-                source,
-            })?;
+        let client = Client::new(&reference.registry, options)
+            .map_err(registry(format!("push {id} to {reference}")))?;
         let staged = self.stage(id, seq).await?;
         self.push_staged(id, seq, &staged, &client, reference, form)
             .await
@@ -223,10 +218,7 @@ async fn push_artifact(
     also_tags: &[String],
     what: &str,
 ) -> Result<PushReport> {
-    let registry_error = |source| Error::Registry {
-        what: what.to_string(),
-        source,
-    };
+    let registry_error = registry(what);
     let blobs = exported.with_file_name("blobs");
     let parts = {
         let exported = exported.to_path_buf();
@@ -236,12 +228,12 @@ async fn push_artifact(
         .await
         .map_err(crate::error::task("split the export into blobs"))?
     };
-    let mut parts = parts.map_err(registry_error)?;
+    let mut parts = parts.map_err(&registry_error)?;
     parts.set_journal_position(journal_position);
     let report = belayer_registry::checkpoint::push_archive_parts(client, reference, &parts).await;
     // Another push may follow from the same export (replication's image of a pod's container).
     let _ = std::fs::remove_dir_all(exported.with_file_name("blobs"));
-    let report = report.map_err(registry_error)?;
+    let report = report.map_err(&registry_error)?;
     tag_too(client, reference, also_tags, &parts.manifest(), what).await?;
     Ok(report)
 }
@@ -258,10 +250,7 @@ async fn push_kube_image(
     also_tags: &[String],
     what: &str,
 ) -> Result<PushReport> {
-    let registry_error = |source| Error::Registry {
-        what: what.to_string(),
-        source,
-    };
+    let registry_error = registry(what);
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&work)
@@ -272,11 +261,11 @@ async fn push_kube_image(
     })
     .await
     .map_err(crate::error::task("make the checkpoint image"))?
-    .map_err(registry_error)?;
+    .map_err(&registry_error)?;
     let report = image
         .push(client, reference)
         .await
-        .map_err(registry_error)?;
+        .map_err(&registry_error)?;
     tag_too(client, reference, also_tags, &image.manifest(), what).await?;
     Ok(report)
 }
@@ -299,10 +288,7 @@ async fn tag_too(
                 manifest.to_bytes(),
             )
             .await
-            .map_err(|source| Error::Registry {
-                what: what.to_string(),
-                source,
-            })?;
+            .map_err(registry(what))?;
     }
     Ok(())
 }

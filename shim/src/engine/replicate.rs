@@ -31,7 +31,7 @@ use log::{info, warn};
 use super::Engine;
 use super::push::Form;
 use crate::container::Replication;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, registry};
 
 /// What one replication of a checkpoint pushed.
 struct Replica {
@@ -148,10 +148,7 @@ impl Engine {
     ) -> Result<Replica> {
         let settings = &self.settings.replication;
         let parse = |text: String| {
-            Reference::parse(&text).map_err(|source| Error::Registry {
-                what: format!("replicate {id} to {repository}"),
-                source,
-            })
+            Reference::parse(&text).map_err(registry(format!("replicate {id} to {repository}")))
         };
         let reference = parse(format!("{repository}:{id}-{seq}"))?;
         // The node's docker config when named, else the client's default (DOCKER_CONFIG, ~).
@@ -159,17 +156,14 @@ impl Engine {
         let credentials = if settings.docker_config.as_os_str().is_empty() {
             None
         } else {
-            let (config, registry) = (settings.docker_config.clone(), reference.registry.clone());
-            tokio::task::spawn_blocking(move || credentials_in(&config, &registry))
+            let (config, host) = (settings.docker_config.clone(), reference.registry.clone());
+            tokio::task::spawn_blocking(move || credentials_in(&config, &host))
                 .await
                 .map_err(crate::error::task("read the registry credentials"))?
-                .map_err(|source| Error::Registry {
-                    what: format!(
-                        "replicate {id}: credentials in {}",
-                        settings.docker_config.display()
-                    ),
-                    source,
-                })?
+                .map_err(registry(format!(
+                    "replicate {id}: credentials in {}",
+                    settings.docker_config.display()
+                )))?
         };
         let options = ClientOptions {
             plain_http: if settings.plain_http {
@@ -181,11 +175,8 @@ impl Engine {
             max_bytes_per_s: settings.max_bytes_per_s,
             ..Default::default()
         };
-        let client =
-            Client::new(&reference.registry, options).map_err(|source| Error::Registry {
-                what: format!("replicate {id} to {repository}"),
-                source,
-            })?;
+        let client = Client::new(&reference.registry, options)
+            .map_err(registry(format!("replicate {id} to {repository}")))?;
         let staged = self.stage(id, seq).await?;
         let artifact = Form::Artifact {
             also_tags: &[id.to_string()],
